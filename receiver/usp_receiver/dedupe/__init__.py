@@ -1,0 +1,21 @@
+"""Deduplication on ``event_id`` that never loses an event.
+
+The sender delivers at least once, so a receiver sees repeats. A naive "seen set" marks an event
+as seen *before* the handler runs, and a handler that then fails makes the sender's retry look like
+a duplicate: the event is lost. Here an id moves through three states:
+
+* ``claim(event_id)`` → ``NEW`` (you own it, run the handler), ``DUPLICATE`` (already processed:
+  answer 2xx, do nothing) or ``IN_PROGRESS`` (someone else is handling it right now: answer a
+  retryable non-2xx, the sender comes back later).
+* ``commit(claim)`` after the handler succeeded: the id is remembered as done for ``ttl``.
+* ``release(claim)`` when the handler failed: the id is forgotten, the sender's retry runs again.
+
+A claim that is neither committed nor released (the process died) expires after ``lease`` seconds,
+so a crash loses nothing either. Claims carry a token: a handler whose lease ran out cannot commit
+or release the claim of whoever took the event over.
+"""
+
+from ._protocol import Claim, ClaimState, DedupeStore
+from .memory import MemoryDedupe
+
+__all__ = ["Claim", "ClaimState", "DedupeStore", "MemoryDedupe"]
