@@ -81,7 +81,12 @@ def jwk_thumbprint(jwk: Mapping[str, Any]) -> str:
     'poqkLGiymh_W0uP6PZFw-dvez3QJT5SolqXBCW38r0U'
     """
     kty = jwk.get("kty")
-    required = {"OKP": ("crv", "kty", "x"), "EC": ("crv", "kty", "x", "y"), "RSA": ("e", "kty", "n"), "oct": ("k", "kty")}
+    required = {
+        "OKP": ("crv", "kty", "x"),
+        "EC": ("crv", "kty", "x", "y"),
+        "RSA": ("e", "kty", "n"),
+        "oct": ("k", "kty"),
+    }
     if kty not in required:
         raise ValueError(f"unsupported JWK kty {kty!r}")
     members = {name: jwk[name] for name in required[kty]}
@@ -166,7 +171,9 @@ class SigningKey:
 
     kid: str
     alg: str
-    key: ed25519.Ed25519PrivateKey | ec.EllipticCurvePrivateKey | rsa.RSAPrivateKey | bytes = field(repr=False)
+    key: ed25519.Ed25519PrivateKey | ec.EllipticCurvePrivateKey | rsa.RSAPrivateKey | bytes = field(
+        repr=False
+    )
     public: PublicKey = field(repr=False)
     _signer: algorithms.HTTPSignatureAlgorithm = field(repr=False, compare=False, hash=False)
 
@@ -237,7 +244,11 @@ def _load_public(jwk: Mapping[str, Any]) -> tuple[_CurveKey, dict[str, Any]]:
         if jwk["crv"] != "Ed25519":
             raise ValueError(f"unsupported OKP curve {jwk['crv']!r}")
         raw = b64url_decode(jwk["x"])
-        return ed25519.Ed25519PublicKey.from_public_bytes(raw), {"kty": "OKP", "crv": "Ed25519", "x": jwk["x"]}
+        return ed25519.Ed25519PublicKey.from_public_bytes(raw), {
+            "kty": "OKP",
+            "crv": "Ed25519",
+            "x": jwk["x"],
+        }
     if kty == "EC":
         if jwk["crv"] != "P-256":
             raise ValueError(f"unsupported EC curve {jwk['crv']!r}")
@@ -298,4 +309,3 @@ def _private_jwk(key: object) -> dict[str, Any]:
     if isinstance(key, bytes):
         return {"kty": "oct", "k": b64url_encode(key)}
     raise ValueError("only Ed25519, P-256 and HMAC keys are exported")
-
