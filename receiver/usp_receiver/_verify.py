@@ -169,8 +169,11 @@ class Verifier:
         if not signature_input or not signature:
             raise MalformedSignature("Signature-Input and Signature must both be present")
         entries = parse_signatures(signature_input, signature)
-        if self.policy.require_digest:
-            check_content_digest(request.field_value("content-digest"), body)
+        digest = request.field_value("content-digest")
+        if self.policy.require_digest and (body or digest is not None):
+            # An empty body without a digest has nothing to protect (a signed GET); otherwise the
+            # digest is checked whether or not the signature covers it.
+            check_content_digest(digest, body)
         moment = time.time() if now is None else now
         # Policy failures that need no key are decided here; only entries that pass go on.
         errors: list[VerificationError] = []
