@@ -77,7 +77,9 @@ bodies = st.one_of(
     digest=field_strategy("Content-Digest"),
     body=bodies,
     method=st.sampled_from(["POST", "post", "GET", ""]),
-    url=st.sampled_from([URL, "https://PLATFORM.example/x", "not a url", "https://[::1]:99/", URL + "?q=%zz"]),
+    url=st.sampled_from(
+        [URL, "https://PLATFORM.example/x", "not a url", "https://[::1]:99/", URL + "?q=%zz"]
+    ),
 )
 def test_verifier_raises_only_typed_errors(
     signature_input: str | None,
@@ -88,16 +90,22 @@ def test_verifier_raises_only_typed_errors(
     url: str,
 ) -> None:
     headers = {"Content-Type": "application/json"}
-    for name, value in (("Signature-Input", signature_input), ("Signature", signature), ("Content-Digest", digest)):
+    for name, value in (
+        ("Signature-Input", signature_input),
+        ("Signature", signature),
+        ("Content-Digest", digest),
+    ):
         if value is not None:
             headers[name] = value
+    reasons: list[str] = []
     for verifier in (VERIFIER, LAX):
         try:
             verified = verifier.verify(method, url, headers, body, now=NOW)
         except ReceiverError as exc:
-            assert exc.reason  # a stable, non-empty code
+            reasons.append(exc.reason)
         else:
             # Whatever passed really is the untouched signed message.
             assert body == BODY
             assert headers["Content-Digest"] == GOOD["Content-Digest"] or verifier is LAX
             assert verified.kid in (KEY.kid, P256.kid)
+    assert all(reasons)  # every refusal names a stable, non-empty code
