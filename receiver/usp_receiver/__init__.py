@@ -26,12 +26,24 @@ from ._errors import (
     UnknownKey,
     VerificationError,
 )
+from ._jwks import JWKS, KeyRing, RemoteJWKS
+from ._jws import (
+    JWS_TYP,
+    VerifiedNotification,
+    averify_notification_params,
+    canonical_notification_payload,
+    sign_notification_params,
+    verify_notification_params,
+)
 from ._keys import DEFAULT_ALGORITHMS, KeyResolver, PublicKey, SigningKey, jwk_thumbprint
+from ._receive import Outcome, ReceivedWebhook, WebhookReceiver
 from ._sign import SignedMember, sign_message, sign_request
 from ._verify import PROFILE_COMPONENTS, USP_TAG, VerificationPolicy, Verified, Verifier
 
 __all__ = [
     "DEFAULT_ALGORITHMS",
+    "JWKS",
+    "JWS_TYP",
     "PROFILE_COMPONENTS",
     "USP_TAG",
     "BadSignature",
@@ -42,11 +54,15 @@ __all__ = [
     "InvalidEvent",
     "KeyFetchError",
     "KeyResolver",
+    "KeyRing",
     "MalformedSignature",
     "MissingComponent",
     "MissingSignature",
+    "Outcome",
     "PublicKey",
+    "ReceivedWebhook",
     "ReceiverError",
+    "RemoteJWKS",
     "SignedMember",
     "SigningKey",
     "StaleSignature",
@@ -55,10 +71,16 @@ __all__ = [
     "VerificationError",
     "VerificationPolicy",
     "Verified",
+    "VerifiedNotification",
     "Verifier",
+    "WebhookReceiver",
+    "averify_notification_params",
+    "canonical_notification_payload",
     "check_content_digest",
     "content_digest",
     "jwk_thumbprint",
     "sign_message",
+    "sign_notification_params",
     "sign_request",
+    "verify_notification_params",
 ]

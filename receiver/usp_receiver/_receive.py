@@ -1,0 +1,191 @@
+"""Receiving one webhook, independent of the web framework: verify, parse, dedupe, handle.
+
+Every framework integration (FastAPI, plain ASGI, the CLI) turns an HTTP request into a call to
+:meth:`WebhookReceiver.receive` and the :class:`Outcome` back into a response. The status codes
+are the contract with the sender, whose only signal is "2xx or not":
+
+* 2xx — accepted, or a duplicate of an event already handled: do not send it again;
+* 401 — the signature does not hold (RFC 9457 problem naming the reason);
+* 400 — signed, but not a USP event;
+* 409 — the same event is being handled right now by another request: come back later;
+* 5xx — our side failed (handler, dedupe store, key fetch): send it again later.
+
+Nothing accepted is lost: the dedupe claim is released when the handler fails, so the retry runs.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio.to_thread
+
+from usp_schemas import EventValidationError, WebhookEvent, parse_event
+
+from ._errors import KeyFetchError, ReceiverError, VerificationError
+from ._message import HeadersInput
+from ._verify import Verified, Verifier
+from .dedupe import ClaimState, DedupeStore, MemoryDedupe
+
+__all__ = ["PROBLEM_TYPE_BASE", "Handler", "Outcome", "ReceivedWebhook", "WebhookReceiver"]
+
+logger = logging.getLogger("usp_receiver")
+
+#: Problem ``type`` URIs are this prefix plus the reason code (RFC 9457 §3.1.1).
+PROBLEM_TYPE_BASE = "urn:usp-webhooks:problem:"
+_RETRY_IN_PROGRESS_SECONDS = 5
+
+
+@dataclass(frozen=True, slots=True)
+class ReceivedWebhook:
+    """What a handler gets: the validated event, who signed it, the exact bytes received."""
+
+    event: WebhookEvent
+    verified: Verified
+    body: bytes = field(repr=False)
+
+
+Handler = Callable[[ReceivedWebhook], Awaitable[None] | None]
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """The answer to send: ``status``, a JSON ``body`` and extra ``headers``."""
+
+    status: int
+    body: dict[str, Any]
+    headers: dict[str, str] = field(default_factory=dict)
+    reason: str | None = None
+    event_id: str | None = None
+
+    @property
+    def media_type(self) -> str:
+        return "application/problem+json" if self.status >= 400 else "application/json"
+
+
+class WebhookReceiver:
+    """Verify, deduplicate and hand USP webhooks to ``handler``; framework-neutral.
+
+    ``handler`` may be sync (run in a worker thread) or async. Raise from it to refuse the event:
+    the sender gets a 500 and retries, and the retry is processed (never swallowed as a duplicate).
+
+    >>> from usp_receiver import JWKS, Verifier
+    >>> seen = []
+    >>> receiver = WebhookReceiver(Verifier(JWKS([])), lambda hook: seen.append(hook.event.event_id))
+    """
+
+    def __init__(
+        self,
+        verifier: Verifier,
+        handler: Handler,
+        *,
+        dedupe: DedupeStore | None = None,
+    ) -> None:
+        self.verifier = verifier
+        self.handler = handler
+        self.dedupe: DedupeStore = dedupe if dedupe is not None else MemoryDedupe()
+
+    async def receive(self, method: str, url: str, headers: HeadersInput, body: bytes) -> Outcome:
+        """Process one delivery and say what to answer. Never raises for bad input."""
+        try:
+            verified = await self.verifier.averify(method, url, headers, body)
+        except VerificationError as exc:
+            logger.info("webhook refused: %s", exc.reason)
+            return _problem(401, exc, "Signature verification failed")
+        except KeyFetchError as exc:
+            logger.warning("webhook deferred: signing keys unavailable (%s)", exc.detail)
+            return _problem(503, exc, "Signing keys unavailable", retry_after=30)
+        try:
+            event = parse_event(body)
+        except EventValidationError as exc:
+            logger.info("webhook refused: not a USP event (%s)", exc)
+            return Outcome(
+                400,
+                _problem_body(400, "invalid_event", "Not a valid USP event", str(exc)),
+                reason="invalid_event",
+            )
+        return await self._deliver(ReceivedWebhook(event, verified, body))
+
+    async def _deliver(self, hook: ReceivedWebhook) -> Outcome:
+        event_id = hook.event.event_id
+        try:
+            claim = await self.dedupe.aclaim(event_id)
+        except Exception:
+            logger.exception("dedupe store unavailable; asking the sender to retry %s", event_id)
+            return Outcome(
+                503,
+                _problem_body(503, "dedupe_unavailable", "Deduplication store unavailable", ""),
+                {"Retry-After": "30"},
+                "dedupe_unavailable",
+                event_id,
+            )
+        if claim.state is ClaimState.DUPLICATE:
+            return Outcome(
+                200, {"status": "duplicate", "event_id": event_id}, reason="duplicate", event_id=event_id
+            )
+        if claim.state is ClaimState.IN_PROGRESS:
+            return Outcome(
+                409,
+                _problem_body(409, "in_progress", "Event is being processed", "retry later"),
+                {"Retry-After": str(_RETRY_IN_PROGRESS_SECONDS)},
+                "in_progress",
+                event_id,
+            )
+        try:
+            await run_handler(self.handler, hook)
+        except Exception:
+            # The handler's own text may hold PII or secrets: log it here, never send it back.
+            logger.exception("webhook handler failed for %s; released for the sender's retry", event_id)
+            await _quietly(self.dedupe.arelease(claim))
+            return Outcome(
+                500,
+                _problem_body(500, "handler_failed", "Webhook handler failed", ""),
+                {},
+                "handler_failed",
+                event_id,
+            )
+        try:
+            await self.dedupe.acommit(claim)
+        except Exception:
+            # The work is done; a 5xx now would run it twice. The claim's lease expires instead.
+            logger.exception("could not record %s as processed", event_id)
+        return Outcome(200, {"status": "accepted", "event_id": event_id}, event_id=event_id)
+
+
+async def run_handler(handler: Handler, hook: ReceivedWebhook) -> None:
+    """Run ``handler``: await it when async, in a worker thread when sync (it may block)."""
+    if inspect.iscoroutinefunction(handler) or inspect.iscoroutinefunction(type(handler).__call__):
+        result = handler(hook)
+    else:
+        result = await anyio.to_thread.run_sync(handler, hook)
+    if inspect.isawaitable(result):
+        await result
+
+
+async def _quietly(operation: Awaitable[None]) -> None:
+    try:
+        await operation
+    except Exception:
+        logger.exception("dedupe release failed; the claim will expire with its lease")
+
+
+def _problem(status: int, exc: ReceiverError, title: str, *, retry_after: int | None = None) -> Outcome:
+    headers = {"Retry-After": str(retry_after)} if retry_after else {}
+    if status == 401:
+        headers["WWW-Authenticate"] = 'Signature realm="usp-webhooks"'
+    return Outcome(status, _problem_body(status, exc.reason, title, exc.detail), headers, exc.reason)
+
+
+def _problem_body(status: int, reason: str, title: str, detail: str) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "type": PROBLEM_TYPE_BASE + reason,
+        "title": title,
+        "status": status,
+        "reason": reason,
+    }
+    if detail:
+        body["detail"] = detail
+    return body

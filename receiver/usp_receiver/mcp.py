@@ -1,0 +1,261 @@
+"""Receive signed ``usp_webhook`` notifications on a live MCP session (official ``mcp`` SDK, 2.3+).
+
+A business pushes USP events to a platform that holds an MCP session open to it as JSON-RPC
+notifications (``method: "usp_webhook"``, no ``id``), each carrying an in-band JWS in
+``params._meta.usp.signature``. :class:`NotificationBinding` verifies that signature, deduplicates
+on ``event_id`` and runs your handler once per event.
+
+How it plugs in, and why this way: ``ClientSession`` in mcp 2.3 never hands a notification whose
+method the negotiated protocol version does not define to ``message_handler``; it is dropped with a
+debug log before any user callback (``ClientSession._on_notify``). The SDK's supported hook for
+vendor notifications is a *notification binding* (``mcp.client.NotificationBinding``), passed
+either to ``ClientSession(notification_bindings=[...])`` or, through a ``ClientExtension``, to
+``Client(extensions=[...])``. This module builds both from one object, so no monkeypatching is
+involved and your own ``message_handler`` keeps seeing every core notification untouched.
+
+Two SDK properties worth knowing: bound notifications are handled one at a time, in dispatch
+order, from a bounded queue (256) that drops the *oldest* entry when full; and a notification has
+no response, so a rejected or dropped event is not retried by the sender over this session. Keep
+the handler short (hand off to a job queue) and let the REST delivery path or an admin replay
+cover anything lost.
+
+This module is not imported by ``usp_receiver`` itself; import it explicitly::
+
+    from usp_receiver.mcp import NotificationBinding
+"""
+
+from __future__ import annotations
+
+import enum
+import inspect
+import logging
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Final
+
+try:
+    import anyio
+    from mcp.client import ClientExtension
+    from mcp.client import NotificationBinding as _SDKNotificationBinding
+    from pydantic import RootModel
+except ImportError as exc:  # pragma: no cover - exercised only without the extra installed
+    raise ImportError("usp_receiver.mcp needs the official MCP SDK: install usp-receiver[mcp]") from exc
+
+from ._errors import InvalidEvent, ReceiverError
+from ._jws import averify_notification_params
+from ._keys import KeyResolver
+from .dedupe import Claim, ClaimState, DedupeStore
+
+__all__ = [
+    "EXTENSION_IDENTIFIER",
+    "USP_WEBHOOK_METHOD",
+    "BindingStats",
+    "NotificationBinding",
+    "Outcome",
+    "USPWebhookExtension",
+]
+
+logger = logging.getLogger(__name__)
+
+#: The JSON-RPC method of USP webhook notifications.
+USP_WEBHOOK_METHOD: Final = "usp_webhook"
+#: The client extension identifier (SEP-2133 grammar) advertised by :class:`USPWebhookExtension`.
+EXTENSION_IDENTIFIER: Final = "dev.usp-protocol/webhooks"
+
+NotificationHandler = Callable[[dict[str, Any]], Awaitable[None]]
+RejectionHook = Callable[[Any, ReceiverError], Awaitable[None] | None]
+
+
+class Outcome(enum.Enum):
+    """What :meth:`NotificationBinding.handle` did with one notification."""
+
+    ACCEPTED = "accepted"  #: verified, new, handler ran and the id is committed
+    DUPLICATE = "duplicate"  #: already processed: handler not run
+    IN_PROGRESS = "in_progress"  #: another worker holds the id right now: handler not run
+    REJECTED = "rejected"  #: signature or envelope invalid: handler not run
+    FAILED = "failed"  #: handler (or the dedupe store) raised: claim released, a re-send runs again
+
+
+@dataclass
+class BindingStats:
+    """Counters per :class:`Outcome`, for metrics and tests. Mutated only on the event loop."""
+
+    accepted: int = 0
+    duplicates: int = 0
+    in_progress: int = 0
+    rejected: int = 0
+    failed: int = 0
+
+    @property
+    def total(self) -> int:
+        """Notifications handled so far, whatever their outcome."""
+        return self.accepted + self.duplicates + self.in_progress + self.rejected + self.failed
+
+
+class _RawParams(RootModel[Any]):
+    """The SDK validates bound params with a pydantic model; this one keeps them untouched, so the
+    JWS is checked over exactly what arrived (and non-object params reach us to be counted)."""
+
+    root: Any
+
+
+class NotificationBinding:
+    """Verify, deduplicate and dispatch ``usp_webhook`` notifications from an MCP server.
+
+    ``keys`` resolves the business's signing keys (e.g. its JWKS), ``dedupe`` remembers processed
+    ``event_id`` values, ``handler`` receives the verified params (signature removed) once per
+    event. ``on_rejected(params, error)`` (sync or async) observes rejections; ``error.reason`` is
+    the stable code (``bad_signature``, ``stale``...).
+
+    >>> from mcp import Client
+    >>> from usp_receiver.dedupe import MemoryDedupe
+    >>> async def on_event(params: dict[str, Any]) -> None:
+    ...     print(params["event"], params["event_id"])
+    >>> binding = NotificationBinding(keys=jwks, dedupe=MemoryDedupe(), handler=on_event)  # doctest: +SKIP
+    >>> async with Client(server, extensions=[binding.extension]) as client:  # doctest: +SKIP
+    ...     ...
+
+    or, with a bare session: ``ClientSession(read, write, notification_bindings=[binding.sdk_binding])``.
+    """
+
+    def __init__(
+        self,
+        keys: KeyResolver,
+        dedupe: DedupeStore,
+        handler: NotificationHandler,
+        *,
+        on_rejected: RejectionHook | None = None,
+        max_age: float = 300,
+        max_future: float = 60,
+        method: str = USP_WEBHOOK_METHOD,
+    ) -> None:
+        self._keys = keys
+        self._dedupe = dedupe
+        self._handler = handler
+        self._on_rejected = on_rejected
+        self._max_age = max_age
+        self._max_future = max_future
+        self.method = method
+        self.stats = BindingStats()
+        self._sdk_binding = _SDKNotificationBinding(
+            method=method, params_type=_RawParams, handler=self._on_sdk
+        )
+
+    @property
+    def sdk_binding(self) -> _SDKNotificationBinding[Any]:
+        """The SDK binding, for ``ClientSession(notification_bindings=[binding.sdk_binding])``."""
+        return self._sdk_binding
+
+    @property
+    def extension(self) -> USPWebhookExtension:
+        """A client extension carrying this binding, for ``Client(extensions=[binding.extension])``."""
+        return USPWebhookExtension(self)
+
+    async def _on_sdk(self, params: _RawParams) -> None:
+        await self.handle(params.root)
+
+    async def handle(self, params: Any) -> Outcome:
+        """Process one notification's ``params`` and report the outcome; never raises an
+        ``Exception`` (there is nobody to answer: failures are logged and counted).
+
+        Called by the SDK for you; call it directly to feed notifications from elsewhere.
+        """
+        try:
+            verified = await averify_notification_params(
+                params, self._keys, max_age=self._max_age, max_future=self._max_future
+            )
+            event_id = verified.params.get("event_id")
+            if not isinstance(event_id, str) or not event_id:
+                raise InvalidEvent("notification params carry no event_id string")
+        except ReceiverError as error:
+            await self._reject(params, error)
+            return Outcome.REJECTED
+        except Exception:
+            # A resolver that breaks its contract; still nothing to answer, so log and count.
+            logger.exception("usp_webhook notification could not be verified")
+            self.stats.failed += 1
+            return Outcome.FAILED
+
+        try:
+            claim = await self._dedupe.aclaim(event_id)
+        except Exception:
+            logger.exception("dedupe store failed to claim usp_webhook event %s", _short(event_id))
+            self.stats.failed += 1
+            return Outcome.FAILED
+        if claim.state is ClaimState.DUPLICATE:
+            logger.debug("usp_webhook event %s already processed", _short(event_id))
+            self.stats.duplicates += 1
+            return Outcome.DUPLICATE
+        if claim.state is ClaimState.IN_PROGRESS:
+            logger.info("usp_webhook event %s is being processed elsewhere; skipped", _short(event_id))
+            self.stats.in_progress += 1
+            return Outcome.IN_PROGRESS
+
+        try:
+            await self._handler(verified.params)
+        except BaseException as exc:
+            # Cancelled or failed: forget the claim so that a re-sent notification runs again.
+            await self._release(claim)
+            if not isinstance(exc, Exception):
+                raise
+            logger.exception("usp_webhook handler failed for event %s; claim released", _short(event_id))
+            self.stats.failed += 1
+            return Outcome.FAILED
+        try:
+            await self._dedupe.acommit(claim)
+        except Exception:
+            # The handler ran; a redelivery may run it again once the lease expires (at least once).
+            logger.exception("dedupe store failed to commit usp_webhook event %s", _short(event_id))
+        self.stats.accepted += 1
+        return Outcome.ACCEPTED
+
+    async def _release(self, claim: Claim) -> None:
+        with anyio.CancelScope(shield=True):
+            try:
+                await self._dedupe.arelease(claim)
+            except Exception:
+                logger.exception(
+                    "dedupe store failed to release usp_webhook event %s", _short(claim.event_id)
+                )
+
+    async def _reject(self, params: Any, error: ReceiverError) -> None:
+        self.stats.rejected += 1
+        event_id = params.get("event_id") if isinstance(params, Mapping) else None
+        # Never log the signature itself: the error details name the key and the check, not it.
+        logger.warning(
+            "rejected usp_webhook notification (event_id %s): %s: %s",
+            _short(event_id) if isinstance(event_id, str) else "absent",
+            error.reason,
+            error.detail,
+        )
+        if self._on_rejected is None:
+            return
+        try:
+            result = self._on_rejected(params, error)
+            if inspect.isawaitable(result):
+                await result
+        except Exception:
+            logger.exception("on_rejected hook raised")
+
+
+class USPWebhookExtension(ClientExtension):
+    """Carries a :class:`NotificationBinding` into ``mcp.Client(extensions=[...])``.
+
+    It also advertises ``dev.usp-protocol/webhooks`` in the client capabilities, telling the server
+    that this client consumes ``usp_webhook`` notifications.
+
+    >>> client = Client(server, extensions=[USPWebhookExtension(binding)])  # doctest: +SKIP
+    """
+
+    identifier = EXTENSION_IDENTIFIER
+
+    def __init__(self, binding: NotificationBinding) -> None:
+        self._binding = binding
+
+    def notifications(self) -> Sequence[_SDKNotificationBinding[Any]]:
+        """The one binding: ``usp_webhook`` (or the binding's ``method``)."""
+        return (self._binding.sdk_binding,)
+
+
+def _short(text: str) -> str:
+    return repr(text[:64] + ("…" if len(text) > 64 else ""))
