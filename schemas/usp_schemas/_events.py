@@ -1,0 +1,330 @@
+"""The webhook event envelope and one model per event type, joined in a union tagged by ``event``.
+
+The envelope, like the payloads, accepts unknown top-level fields. Two reasons: a business may add
+envelope fields in a minor release, and a JSON-RPC notification's ``params`` (which *is* the
+envelope) carries ``_meta.usp.signature`` for in-band signing. Refusing extras would break both.
+What the envelope does refuse is anything that would make a receiver act on the wrong object: a
+subject id that disagrees with ``data``, ``data`` in a state the event type cannot leave it in, an
+``event_id`` that cannot be a dedupe key, a timestamp without an offset.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Annotated, Any, ClassVar, Literal, Self, TypeAlias, get_args
+
+from pydantic import ConfigDict, Field, TypeAdapter, ValidationError, model_validator
+from pydantic_core import ErrorDetails
+
+from ._base import WireModel, always_sent
+from ._payloads import AvailabilityChange, Booking, BookingState, Service, WaitlistEntry, WaitlistState
+from ._types import BookingId, EventId, ServiceId, UtcTimestamp, WaitlistEntryId
+from ._version import USP_VERSION, UspVersion
+
+__all__ = [
+    "BOOKING_CONFIRMED_EXAMPLE",
+    "EVENT_TYPES",
+    "AvailabilityChanged",
+    "BookingCancelled",
+    "BookingCompleted",
+    "BookingConfirmed",
+    "BookingCreated",
+    "BookingEvent",
+    "BookingNoShow",
+    "BookingRescheduled",
+    "EventEnvelope",
+    "EventValidationError",
+    "ServiceCreated",
+    "ServiceDeleted",
+    "ServiceEvent",
+    "ServiceUpdated",
+    "WaitlistConverted",
+    "WaitlistEvent",
+    "WaitlistExpired",
+    "WaitlistJoined",
+    "WaitlistLeft",
+    "WaitlistOffered",
+    "WebhookEvent",
+    "parse_event",
+]
+
+
+class EventEnvelope(WireModel):
+    """Fields every event carries. Subclass per event type; never sent bare."""
+
+    model_config = ConfigDict(json_schema_extra=always_sent("event"))
+
+    event: str
+    event_id: EventId = Field(description="evt_ + ULID or UUIDv7; stable across retries: the dedupe key")
+    timestamp: UtcTimestamp = Field(description="when the change happened, RFC 3339 in UTC")
+    version: UspVersion = USP_VERSION
+    order_id: str | None = Field(default=None, min_length=1, description="the UCP order, when known")
+    correlation_id: str | None = Field(default=None, min_length=1, description="the USP join id, when known")
+
+
+class BookingEvent(EventEnvelope):
+    """Base of ``booking.*``: ``booking_id`` is required and must equal ``data.id``.
+
+    ``data_states`` lists the states the booking can be in right after the change the event
+    reports; anything else means the sender built the event from the wrong snapshot.
+    """
+
+    data_states: ClassVar[frozenset[BookingState]]
+
+    booking_id: BookingId
+    service_id: ServiceId | None = None
+    data: Booking
+
+    @model_validator(mode="after")
+    def _subject_matches_data(self) -> Self:
+        _require_equal("booking_id", self.booking_id, "data.id", self.data.id)
+        _require_equal_if_set("service_id", self.service_id, "data.service_id", self.data.service_id)
+        _require_equal_if_set("order_id", self.order_id, "data.order_id", self.data.order_id)
+        _require_state(self.event, self.data.state, self.data_states)
+        return self
+
+
+class ServiceEvent(EventEnvelope):
+    """Base of ``catalog.service.*``: ``service_id`` is required and must equal ``data.id``."""
+
+    service_id: ServiceId
+    data: Service
+
+    @model_validator(mode="after")
+    def _subject_matches_data(self) -> Self:
+        _require_equal("service_id", self.service_id, "data.id", self.data.id)
+        return self
+
+
+class WaitlistEvent(EventEnvelope):
+    """Base of ``waitlist.*``: ``waitlist_entry_id`` is required and must equal ``data.id``."""
+
+    data_states: ClassVar[frozenset[WaitlistState]]
+
+    waitlist_entry_id: WaitlistEntryId
+    service_id: ServiceId | None = None
+    booking_id: BookingId | None = None
+    data: WaitlistEntry
+
+    @model_validator(mode="after")
+    def _subject_matches_data(self) -> Self:
+        _require_equal("waitlist_entry_id", self.waitlist_entry_id, "data.id", self.data.id)
+        _require_equal_if_set("service_id", self.service_id, "data.service_id", self.data.service_id)
+        _require_equal_if_set("booking_id", self.booking_id, "data.booking_id", self.data.booking_id)
+        _require_state(self.event, self.data.state, self.data_states)
+        return self
+
+
+class BookingCreated(BookingEvent):
+    """A booking was made (``pending``, or ``confirmed`` when the business confirms at once)."""
+
+    data_states = frozenset({"pending", "confirmed"})
+    event: Literal["booking.created"] = "booking.created"
+
+
+class BookingConfirmed(BookingEvent):
+    """The business confirmed a booking.
+
+    >>> event = parse_event(BOOKING_CONFIRMED_EXAMPLE)
+    >>> type(event).__name__, event.booking_id == event.data.id
+    ('BookingConfirmed', True)
+    """
+
+    data_states = frozenset({"confirmed"})
+    event: Literal["booking.confirmed"] = "booking.confirmed"
+
+
+class BookingRescheduled(BookingEvent):
+    """A booking moved to another slot; ``data`` has the new slot and times."""
+
+    data_states = frozenset({"pending", "confirmed"})
+    event: Literal["booking.rescheduled"] = "booking.rescheduled"
+
+
+class BookingCancelled(BookingEvent):
+    """A booking was cancelled (``data.cancellation_reason`` says why, when known)."""
+
+    data_states = frozenset({"cancelled"})
+    event: Literal["booking.cancelled"] = "booking.cancelled"
+
+
+class BookingCompleted(BookingEvent):
+    """The appointment took place."""
+
+    data_states = frozenset({"completed"})
+    event: Literal["booking.completed"] = "booking.completed"
+
+
+class BookingNoShow(BookingEvent):
+    """The buyer did not come."""
+
+    data_states = frozenset({"no_show"})
+    event: Literal["booking.no_show"] = "booking.no_show"
+
+
+class ServiceCreated(ServiceEvent):
+    """A service was added to the catalog."""
+
+    event: Literal["catalog.service.created"] = "catalog.service.created"
+
+
+class ServiceUpdated(ServiceEvent):
+    """A service changed; ``data`` is the whole service, not a diff."""
+
+    event: Literal["catalog.service.updated"] = "catalog.service.updated"
+
+
+class ServiceDeleted(ServiceEvent):
+    """A service left the catalog; ``data`` is its last state."""
+
+    event: Literal["catalog.service.deleted"] = "catalog.service.deleted"
+
+
+class AvailabilityChanged(EventEnvelope):
+    """A service's slots changed; ``service_id`` is required and must equal ``data.service_id``."""
+
+    event: Literal["catalog.availability.changed"] = "catalog.availability.changed"
+    service_id: ServiceId
+    data: AvailabilityChange
+
+    @model_validator(mode="after")
+    def _subject_matches_data(self) -> Self:
+        _require_equal("service_id", self.service_id, "data.service_id", self.data.service_id)
+        return self
+
+
+class WaitlistJoined(WaitlistEvent):
+    """A buyer joined a waitlist."""
+
+    data_states = frozenset({"joined"})
+    event: Literal["waitlist.joined"] = "waitlist.joined"
+
+
+class WaitlistOffered(WaitlistEvent):
+    """A slot was offered to a waitlisted buyer until ``data.offer_expires_at``."""
+
+    data_states = frozenset({"offered"})
+    event: Literal["waitlist.offered"] = "waitlist.offered"
+
+
+class WaitlistConverted(WaitlistEvent):
+    """An offer was taken: ``data.booking_id`` is the booking it became."""
+
+    data_states = frozenset({"converted"})
+    event: Literal["waitlist.converted"] = "waitlist.converted"
+
+
+class WaitlistExpired(WaitlistEvent):
+    """An offer (or the entry) lapsed without being taken."""
+
+    data_states = frozenset({"expired"})
+    event: Literal["waitlist.expired"] = "waitlist.expired"
+
+
+class WaitlistLeft(WaitlistEvent):
+    """The buyer left the waitlist."""
+
+    data_states = frozenset({"left"})
+    event: Literal["waitlist.left"] = "waitlist.left"
+
+
+#: Any USP webhook event, discriminated on ``event`` so ``data`` is typed. Use with
+#: ``pydantic.TypeAdapter`` or as a field type; ``parse_event`` is the short way.
+WebhookEvent: TypeAlias = Annotated[
+    BookingCreated
+    | BookingConfirmed
+    | BookingRescheduled
+    | BookingCancelled
+    | BookingCompleted
+    | BookingNoShow
+    | ServiceCreated
+    | ServiceUpdated
+    | ServiceDeleted
+    | AvailabilityChanged
+    | WaitlistJoined
+    | WaitlistOffered
+    | WaitlistConverted
+    | WaitlistExpired
+    | WaitlistLeft,
+    Field(discriminator="event"),
+]
+
+_EVENT_MODELS: tuple[type[EventEnvelope], ...] = get_args(get_args(WebhookEvent)[0])
+
+#: Every ``event`` value this contract knows, in the order of the documentation.
+EVENT_TYPES: tuple[str, ...] = tuple(model.model_fields["event"].default for model in _EVENT_MODELS)
+
+_EVENT_ADAPTER: TypeAdapter[WebhookEvent] = TypeAdapter(WebhookEvent)
+
+
+class EventValidationError(ValueError):
+    """The input is not a valid USP event. ``errors`` holds pydantic's error details without the
+    offending input values (they can hold buyer PII and end up in logs).
+
+    >>> try:
+    ...     parse_event(b'{"event": "booking.exploded"}')
+    ... except EventValidationError as exc:
+    ...     exc.errors[0]["type"]
+    'union_tag_invalid'
+    """
+
+    def __init__(self, message: str, errors: list[ErrorDetails]) -> None:
+        super().__init__(message)
+        self.errors = errors
+
+
+def parse_event(raw: bytes | str | Mapping[str, Any]) -> WebhookEvent:
+    """Validate a webhook body (bytes or text) or an already-decoded JSON object into its event model.
+
+    Pass the exact bytes you verified the signature over; decode them only once, here.
+
+    >>> event = parse_event(BOOKING_CONFIRMED_EXAMPLE)
+    >>> event.event, event.data.state, event.timestamp.isoformat()
+    ('booking.confirmed', 'confirmed', '2026-03-14T22:06:00+00:00')
+    """
+    try:
+        if isinstance(raw, bytes | str):
+            return _EVENT_ADAPTER.validate_json(raw)
+        return _EVENT_ADAPTER.validate_python(raw)
+    except ValidationError as exc:
+        errors = exc.errors(include_url=False, include_input=False)
+        summary = "; ".join(f"{'.'.join(map(str, e['loc'])) or '<root>'}: {e['msg']}" for e in errors[:5])
+        raise EventValidationError(f"invalid USP event ({len(errors)} error(s)): {summary}", errors) from None
+
+
+#: A realistic ``booking.confirmed`` body, the binding's example completed with a full booking.
+BOOKING_CONFIRMED_EXAMPLE = """{
+  "event": "booking.confirmed",
+  "event_id": "evt_019a2b3c4d5e7000800000000000000a",
+  "booking_id": "bkg_456def",
+  "order_id": "ord_ucp_001",
+  "timestamp": "2026-03-14T22:06:00Z",
+  "version": "2026-08-20",
+  "data": {
+    "id": "bkg_456def",
+    "service_id": "svc_haircut_001",
+    "slot_id": "slot_20260315_0900",
+    "state": "confirmed",
+    "buyer": {"first_name": "Alice", "email": "alice@example.com"},
+    "start": "2026-03-15T09:00:00-04:00",
+    "end": "2026-03-15T10:00:00-04:00",
+    "created_at": "2026-03-14T22:05:12Z",
+    "updated_at": "2026-03-14T22:06:00Z",
+    "order_id": "ord_ucp_001"
+  }
+}"""
+
+
+def _require_equal(name: str, value: str, data_name: str, data_value: str) -> None:
+    if value != data_value:
+        raise ValueError(f"{name} {value!r} does not match {data_name} {data_value!r}")
+
+
+def _require_equal_if_set(name: str, value: str | None, data_name: str, data_value: str | None) -> None:
+    if value is not None and data_value is not None:
+        _require_equal(name, value, data_name, data_value)
+
+
+def _require_state(event: str, state: str, allowed: frozenset[str]) -> None:
+    if state not in allowed:
+        raise ValueError(f"{event} cannot carry data in state {state!r} (expected {sorted(allowed)})")
