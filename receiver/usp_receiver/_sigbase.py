@@ -15,7 +15,7 @@ import base64
 import binascii
 import re
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import http_sf
 from http_sf.compat import Dictionary, InnerList, Item
@@ -43,7 +43,7 @@ _INPUT_MEMBER = re.compile(
     rf"({_LABEL})=(\(((?:{_COMPONENT}(?: {_COMPONENT})*)?)\)((?:{_INT_PARAM}|{_STR_PARAM}){{0,8}}))"
 )
 _SIG_MEMBER = re.compile(rf"({_LABEL})=:([A-Za-z0-9+/]{{0,684}}={{0,2}}):")
-_PARAM = re.compile(r';([a-z]+)=(?:"([^"]*)"|([0-9]+))')
+_PARAM = re.compile(r';([a-z]+)=(?:"([^"]*)"|([0-9]+))')  # findall: (name, text or "", number or "")
 _FAST_DERIVED = frozenset({"@method", "@authority", "@path", "@query", "@scheme", "@target-uri"})
 _DEFAULT_PORTS = {"http": "80", "https": "443"}
 _URL = re.compile(
@@ -55,8 +55,7 @@ _PRINTABLE = re.compile(r"[\t\x20-\x7e]*")
 _METHOD = re.compile(r"[A-Z]{1,16}")
 
 
-@dataclass(frozen=True, slots=True)
-class SignatureEntry:
+class SignatureEntry(NamedTuple):
     """One member of ``Signature-Input`` with its ``Signature`` bytes.
 
     ``components`` are the serialised component ids (``'"@method"'``,
@@ -182,11 +181,10 @@ def _parse_fast(signature_input: str, signature: str) -> list[SignatureEntry] | 
         if len(set(components)) != len(components):
             return None
         params: dict[str, Any] = {}
-        for pm in _PARAM.finditer(param_text):
-            pname, text, number = pm.groups()
+        for pname, text, number in _PARAM.findall(param_text):
             if pname in params:
                 return None
-            params[pname] = int(number) if number is not None else text
+            params[pname] = int(number) if number else text
         encoded = sig_by_label[label]
         if len(encoded) % 4:
             return None  # unpadded: legal in RFC 9651, left to the library's parser

@@ -13,6 +13,10 @@ a duplicate: the event is lost. Here an id moves through three states:
 A claim that is neither committed nor released (the process died) expires after ``lease`` seconds,
 so a crash loses nothing either. Claims carry a token: a handler whose lease ran out cannot commit
 or release the claim of whoever took the event over.
+
+Stores: ``MemoryDedupe`` (here; one process), ``usp_receiver.dedupe.redis.RedisDedupe`` (extra
+``redis``) and ``usp_receiver.dedupe.sql.SqlDedupe`` (extra ``sql``). The last two are imported
+from their own modules so that this package never imports an extra.
 """
 
 from ._protocol import Claim, ClaimState, DedupeStore

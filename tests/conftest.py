@@ -1,0 +1,69 @@
+"""Shared fixtures: the real services some tests need, and the anyio backend.
+
+Tests that need Redis or PostgreSQL talk to real servers, never to fakes: a fake would not show
+the races the dedupe stores exist to win. A server that does not answer fails the test with the
+command that starts it, instead of skipping: a silently skipped test looks exactly like a passing
+one in CI.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+REDIS_URL_ENV = "USP_TEST_REDIS_URL"
+POSTGRES_URL_ENV = "USP_TEST_POSTGRES_URL"
+DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
+DEFAULT_POSTGRES_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    """Async tests run on asyncio only (the library targets asyncio frameworks)."""
+    return "asyncio"
+
+
+@pytest.fixture(scope="session")
+def redis_url() -> str:
+    """URL of a live Redis (``USP_TEST_REDIS_URL``); tests must use their own key prefix."""
+    url = os.environ.get(REDIS_URL_ENV, DEFAULT_REDIS_URL)
+    import redis
+
+    client = redis.Redis.from_url(url, socket_connect_timeout=2, socket_timeout=2)
+    try:
+        client.ping()
+    except redis.RedisError as exc:
+        pytest.fail(
+            f"Redis at {url} does not answer ({exc}). Start one with "
+            "`docker run --rm -d -p 6379:6379 redis:7` (or `redis-server --daemonize yes`), "
+            f"or point {REDIS_URL_ENV} at a running server.",
+            pytrace=False,
+        )
+    finally:
+        client.close()
+    return url
+
+
+@pytest.fixture(scope="session")
+def postgres_url() -> str:
+    """SQLAlchemy URL of a live PostgreSQL (``USP_TEST_POSTGRES_URL``); tests use their own tables."""
+    url = os.environ.get(POSTGRES_URL_ENV, DEFAULT_POSTGRES_URL)
+    import sqlalchemy as sa
+
+    # libpq-based drivers take a connect timeout; others keep their default.
+    libpq = sa.make_url(url).get_driver_name() in ("psycopg", "psycopg2")
+    engine = sa.create_engine(url, connect_args={"connect_timeout": 2} if libpq else {})
+    try:
+        with engine.connect() as conn:
+            conn.execute(sa.text("SELECT 1"))
+    except sa.exc.OperationalError as exc:
+        pytest.fail(
+            f"PostgreSQL at {url} does not answer ({exc.orig}). Start one with "
+            "`docker run --rm -d -p 5432:5432 -e POSTGRES_HOST_AUTH_METHOD=trust -e POSTGRES_DB=test "
+            f"postgres:16`, or point {POSTGRES_URL_ENV} at a running server.",
+            pytrace=False,
+        )
+    finally:
+        engine.dispose()
+    return url
