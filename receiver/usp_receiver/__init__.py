@@ -2,7 +2,11 @@
 
 The whole user-facing surface is here::
 
-    from usp_receiver import JWKS, RemoteJWKS, Verifier, VerificationPolicy, sign_request
+    from usp_receiver import JWKS, RemoteJWKS, Verifier, VerificationPolicy, WebhookReceiver, sign_request
+
+Framework integrations are imported explicitly, so the base install needs none of them:
+``usp_receiver.asgi`` (any ASGI server), ``usp_receiver.fastapi``, ``usp_receiver.mcp``, and the
+``usp-receiver`` command (``usp_receiver.cli``).
 
 See the README's quick start. Errors are one hierarchy rooted at :class:`ReceiverError`, each
 with a stable ``reason`` code.
