@@ -1,0 +1,61 @@
+"""Engines and sessions for SQLite (embedded default) and PostgreSQL, and schema migrations.
+
+SQLite is tuned for several processes (API, workers, relay) sharing one file: WAL so readers do
+not block the writer, a busy timeout so writers queue instead of failing, foreign keys enforced.
+The schema is only ever created by Alembic migrations (``upgrade``), on both databases, so the
+tables tests run against are the tables production gets.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import sqlalchemy as sa
+from alembic import command
+from alembic.config import Config
+from sqlalchemy.engine import Engine
+from sqlmodel import Session
+
+from .settings import Settings
+
+__all__ = ["MIGRATIONS", "make_engine", "session", "upgrade"]
+
+MIGRATIONS = Path(__file__).with_name("migrations")
+
+
+def make_engine(settings: Settings | str) -> Engine:
+    """An engine for ``settings.database_url`` (or a URL), with SQLite made multi-process safe."""
+    url = settings if isinstance(settings, str) else settings.database_url
+    if url.startswith("sqlite"):
+        engine = sa.create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
+        sa.event.listen(engine, "connect", _sqlite_pragmas)
+        return engine
+    return sa.create_engine(url, pool_pre_ping=True, pool_size=10, max_overflow=20)
+
+
+def session(engine: Engine) -> Session:
+    """A session that keeps loaded objects usable after commit (we hand them to other layers)."""
+    return Session(engine, expire_on_commit=False)
+
+
+def upgrade(engine: Engine, revision: str = "head") -> None:
+    """Bring the schema to ``revision`` (creating it from an empty database)."""
+    with engine.begin() as connection:
+        command.upgrade(_alembic_config(connection), revision)
+
+
+def _alembic_config(connection: sa.Connection) -> Config:
+    config = Config()
+    config.set_main_option("script_location", str(MIGRATIONS))
+    config.attributes["connection"] = connection
+    return config
+
+
+def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
+    cursor = dbapi_connection.cursor()
+    cursor.execute("PRAGMA journal_mode=WAL")
+    cursor.execute("PRAGMA synchronous=NORMAL")
+    cursor.execute("PRAGMA foreign_keys=ON")
+    cursor.execute("PRAGMA busy_timeout=30000")
+    cursor.close()

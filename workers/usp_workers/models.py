@@ -1,0 +1,171 @@
+"""The delivery engine's tables: events, subscriptions, deliveries, attempts, signing keys.
+
+The database is the source of truth for delivery state; the broker only carries wake-ups. A
+delivery's schedule lives in ``next_attempt_at`` (not in broker ETA messages), its ownership in
+``status`` + ``lease_until``, so anything the broker loses (a flushed Redis, a killed worker) is
+found again by the relay. Times are timezone-aware UTC everywhere (:class:`UtcDateTime`).
+"""
+
+from __future__ import annotations
+
+import enum
+from datetime import UTC, datetime
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Dialect
+from sqlmodel import Field, SQLModel
+
+from usp_schemas import new_event_id
+
+__all__ = [
+    "Attempt",
+    "AttemptOutcome",
+    "Delivery",
+    "DeliveryStatus",
+    "EventRecord",
+    "SigningKeyRecord",
+    "Subscription",
+    "SubscriptionState",
+    "Transport",
+    "UtcDateTime",
+    "new_id",
+    "utcnow",
+]
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+def new_id(prefix: str) -> str:
+    """A time-ordered id such as ``sub_019a...`` (the UUIDv7 layout of event ids)."""
+    return f"{prefix}_{new_event_id().removeprefix('evt_')}"
+
+
+class UtcDateTime(sa.TypeDecorator[datetime]):
+    """Aware UTC datetimes in and out, on SQLite (which stores them naive) and PostgreSQL alike."""
+
+    impl = sa.DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise ValueError("naive datetime: pass an aware UTC datetime")
+        value = value.astimezone(UTC)
+        return value.replace(tzinfo=None) if dialect.name == "sqlite" else value
+
+    def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+class Transport(enum.StrEnum):
+    REST = "rest"  #: POST the event JSON
+    JSONRPC = "jsonrpc"  #: POST a ``usp_webhook`` JSON-RPC notification
+
+
+class SubscriptionState(enum.StrEnum):
+    ACTIVE = "active"
+    DISABLED = "disabled"
+
+
+class DeliveryStatus(enum.StrEnum):
+    PENDING = "pending"  #: waiting for ``next_attempt_at``
+    IN_FLIGHT = "in_flight"  #: a worker holds it until ``lease_until``
+    SUCCEEDED = "succeeded"
+    DEAD = "dead"  #: exhausted its schedule, or its subscription is gone: the dead letter
+
+
+class AttemptOutcome(enum.StrEnum):
+    SUCCEEDED = "succeeded"
+    RETRY = "retry"
+    DEAD = "dead"
+    DISABLED = "disabled"  #: 410 Gone: the subscription was disabled
+
+
+class EventRecord(SQLModel, table=True):
+    """An accepted event. ``payload`` is the exact JSON envelope sent as the REST body."""
+
+    __tablename__ = "usp_events"
+
+    id: str = Field(primary_key=True, max_length=80, description="the event_id")
+    event_type: str = Field(index=True, max_length=64)
+    subject_id: str | None = Field(default=None, index=True, max_length=128)
+    correlation_id: str | None = Field(default=None, index=True, max_length=128)
+    order_id: str | None = Field(default=None, max_length=128)
+    occurred_at: datetime = Field(sa_type=UtcDateTime, index=True)
+    created_at: datetime = Field(default_factory=utcnow, sa_type=UtcDateTime, index=True)
+    payload: str = Field(sa_type=sa.Text)
+
+
+class Subscription(SQLModel, table=True):
+    """Where a platform wants events: a URL, a transport and event-type patterns."""
+
+    __tablename__ = "usp_subscriptions"
+
+    id: str = Field(default_factory=lambda: new_id("sub"), primary_key=True, max_length=40)
+    url: str = Field(max_length=2048)
+    transport: Transport = Field(default=Transport.REST, sa_type=sa.String(16))
+    event_types: str = Field(
+        default='["*"]', sa_type=sa.Text, description="JSON list of patterns like booking.*"
+    )
+    platform_profile: str | None = Field(default=None, index=True, max_length=2048)
+    state: SubscriptionState = Field(default=SubscriptionState.ACTIVE, sa_type=sa.String(16), index=True)
+    disabled_reason: str | None = Field(default=None, max_length=256)
+    created_at: datetime = Field(default_factory=utcnow, sa_type=UtcDateTime)
+    updated_at: datetime = Field(default_factory=utcnow, sa_type=UtcDateTime)
+
+
+class Delivery(SQLModel, table=True):
+    """One event to one subscription, tried until it succeeds or goes dead."""
+
+    __tablename__ = "usp_deliveries"
+    __table_args__ = (sa.Index("ix_usp_deliveries_due", "status", "next_attempt_at"),)
+
+    id: str = Field(default_factory=lambda: new_id("dlv"), primary_key=True, max_length=40)
+    event_id: str = Field(foreign_key="usp_events.id", index=True, max_length=80)
+    subscription_id: str = Field(foreign_key="usp_subscriptions.id", index=True, max_length=40)
+    status: DeliveryStatus = Field(default=DeliveryStatus.PENDING, sa_type=sa.String(16))
+    attempt_count: int = Field(default=0)
+    next_attempt_at: datetime = Field(default_factory=utcnow, sa_type=UtcDateTime)
+    enqueued_at: datetime | None = Field(default=None, sa_type=UtcDateTime)
+    lease_until: datetime | None = Field(default=None, sa_type=UtcDateTime)
+    last_status_code: int | None = Field(default=None)
+    last_error: str | None = Field(default=None, max_length=512)
+    created_at: datetime = Field(default_factory=utcnow, sa_type=UtcDateTime)
+    updated_at: datetime = Field(default_factory=utcnow, sa_type=UtcDateTime)
+    completed_at: datetime | None = Field(default=None, sa_type=UtcDateTime)
+
+
+class Attempt(SQLModel, table=True):
+    """One try of one delivery: what was sent back, how long it took, what we concluded."""
+
+    __tablename__ = "usp_attempts"
+
+    id: int | None = Field(default=None, primary_key=True)
+    delivery_id: str = Field(foreign_key="usp_deliveries.id", index=True, max_length=40)
+    attempt_number: int
+    started_at: datetime = Field(sa_type=UtcDateTime, index=True)
+    duration_ms: float
+    status_code: int | None = Field(default=None)
+    response_excerpt: str | None = Field(default=None, max_length=1024)
+    error_class: str | None = Field(default=None, max_length=64)
+    outcome: AttemptOutcome = Field(sa_type=sa.String(16))
+
+
+class SigningKeyRecord(SQLModel, table=True):
+    """A signing key. It is published from ``created_at``, signs from ``signs_from`` until
+    ``retires_at`` (null: until rotated out), and stays published a while after (the JWKS cache)."""
+
+    __tablename__ = "usp_signing_keys"
+
+    kid: str = Field(primary_key=True, max_length=64)
+    alg: str = Field(max_length=32)
+    private_jwk: str = Field(sa_type=sa.Text, repr=False)
+    public_jwk: str = Field(sa_type=sa.Text)
+    created_at: datetime = Field(default_factory=utcnow, sa_type=UtcDateTime)
+    signs_from: datetime = Field(default_factory=utcnow, sa_type=UtcDateTime)
+    retires_at: datetime | None = Field(default=None, sa_type=UtcDateTime)

@@ -1,0 +1,125 @@
+"""One typed settings object, read from ``USP_*`` environment variables (and a ``.env`` file).
+
+With no settings at all the whole service runs on one machine: SQLite in the working folder and
+an embedded broker that is itself a SQLite file, so the README's first command needs no Redis.
+Production sets ``USP_DATABASE_URL`` to PostgreSQL and ``USP_BROKER_URL`` to Redis (or RabbitMQ).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from functools import cached_property
+from pathlib import Path
+from typing import Annotated
+
+from pydantic import Field, SecretStr, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+__all__ = ["DEFAULT_RETRY_SCHEDULE", "Settings"]
+
+#: Seconds to wait after each failed try (SPEC-NOTES): 5 s, 5 min, 30 min, 2 h, 5 h, 10 h, 10 h.
+DEFAULT_RETRY_SCHEDULE: tuple[float, ...] = (5, 300, 1800, 7200, 18000, 36000, 36000)
+
+
+class Settings(BaseSettings):
+    """Everything configurable, with safe defaults. Each field is ``USP_<NAME>`` in the environment.
+
+    >>> Settings(database_url="sqlite:///demo.sqlite3").broker_url_resolved.startswith("sqla+sqlite")
+    True
+    """
+
+    model_config = SettingsConfigDict(env_prefix="USP_", env_file=".env", extra="ignore")
+
+    database_url: str = Field(
+        default="sqlite:///usp-webhooks.sqlite3",
+        description="SQLAlchemy URL of the database: SQLite (default, a file in the working folder) "
+        "or PostgreSQL (postgresql+psycopg://user@host/db).",
+    )
+    broker_url: str | None = Field(
+        default=None,
+        description="Celery broker: redis://host:6379/0 or amqp://... Unset: the embedded broker, a "
+        "SQLite file beside the database (kombu's SQLAlchemy transport).",
+    )
+    connect_timeout: float = Field(default=5.0, gt=0, description="seconds to connect to a webhook target")
+    total_timeout: float = Field(default=15.0, gt=0, description="seconds for a whole delivery attempt")
+    retry_schedule: Annotated[tuple[float, ...], NoDecode] = Field(
+        default=DEFAULT_RETRY_SCHEDULE,
+        description="seconds to wait after each failed try, comma-separated; then the delivery is dead",
+    )
+    retry_jitter: float = Field(default=0.2, ge=0, lt=1, description="± fraction applied to each wait")
+    allow_private_targets: bool = Field(
+        default=False,
+        description="let subscriptions target loopback/private/link-local addresses (development only)",
+    )
+    private_target_allowlist: Annotated[tuple[str, ...], NoDecode] = Field(
+        default=(),
+        description="CIDRs that are allowed even though they are not global, comma-separated",
+    )
+    admin_token: SecretStr | None = Field(
+        default=None, description="bearer token for admin endpoints; unset: admin endpoints refuse everyone"
+    )
+    key_store_path: Path | None = Field(
+        default=None,
+        description="folder for signing keys; unset: keys live in the database's signing-key table",
+    )
+    public_base_url: str = Field(
+        default="http://127.0.0.1:8000", description="the URL this service is reached at (for discovery)"
+    )
+    lease_seconds: float = Field(
+        default=60.0, gt=0, description="an in-flight delivery whose worker vanished is retried after this"
+    )
+    requeue_after_seconds: float = Field(
+        default=30.0,
+        gt=0,
+        description="a due delivery handed to the broker but not picked up is re-sent after this",
+    )
+    relay_interval_seconds: float = Field(
+        default=1.0, gt=0, description="how often the scheduler looks for due work"
+    )
+    batch_size: int = Field(default=50, ge=1, le=1000, description="deliveries per worker task")
+    per_endpoint_concurrency: int = Field(
+        default=8, ge=1, description="concurrent requests to one endpoint per worker"
+    )
+    key_publish_lead_seconds: float = Field(
+        default=300.0,
+        ge=0,
+        description="a rotated-in key is published this long before it signs (JWKS cache age)",
+    )
+    key_overlap_seconds: float = Field(
+        default=86400.0,
+        ge=0,
+        description="after a new key starts signing, the old one also signs for this long",
+    )
+
+    @field_validator("retry_schedule", "private_target_allowlist", mode="before")
+    @classmethod
+    def _split_commas(cls, value: object) -> object:
+        if isinstance(value, str):
+            return tuple(part.strip() for part in value.split(",") if part.strip())
+        return value
+
+    @field_validator("private_target_allowlist")
+    @classmethod
+    def _valid_networks(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for network in value:
+            ipaddress.ip_network(network, strict=False)
+        return value
+
+    @cached_property
+    def broker_url_resolved(self) -> str:
+        """The broker URL Celery gets: the configured one, or the embedded SQLite broker."""
+        if self.broker_url:
+            return self.broker_url
+        return "sqla+sqlite:///" + str(_embedded_broker_path(self.database_url))
+
+    @property
+    def uses_embedded_broker(self) -> bool:
+        return self.broker_url_resolved.startswith("sqla+")
+
+
+def _embedded_broker_path(database_url: str) -> Path:
+    """The embedded broker's SQLite file: beside a SQLite database, else in the working folder."""
+    if database_url.startswith("sqlite:///") and database_url != "sqlite:///:memory:":
+        db_path = Path(database_url.removeprefix("sqlite:///"))
+        return db_path.with_name(db_path.stem + "-broker.sqlite3")
+    return Path("usp-webhooks-broker.sqlite3")
