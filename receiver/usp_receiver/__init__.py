@@ -40,7 +40,7 @@ from ._jws import (
     verify_notification_params,
 )
 from ._keys import DEFAULT_ALGORITHMS, KeyResolver, PublicKey, SigningKey, jwk_thumbprint
-from ._receive import Outcome, ReceivedWebhook, WebhookReceiver
+from ._receive import Outcome, ReceivedWebhook, WebhookReceiver, problem_outcome
 from ._sign import SignedMember, sign_message, sign_request
 from ._verify import PROFILE_COMPONENTS, USP_TAG, VerificationPolicy, Verified, Verifier
 
@@ -83,6 +83,7 @@ __all__ = [
     "check_content_digest",
     "content_digest",
     "jwk_thumbprint",
+    "problem_outcome",
     "sign_message",
     "sign_notification_params",
     "sign_request",

@@ -19,7 +19,7 @@ import inspect
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, assert_never
 
 import anyio.to_thread
 
@@ -28,9 +28,16 @@ from usp_schemas import EventValidationError, WebhookEvent, parse_event
 from ._errors import KeyFetchError, ReceiverError, VerificationError
 from ._message import HeadersInput
 from ._verify import Verified, Verifier
-from .dedupe import ClaimState, DedupeStore, MemoryDedupe
+from .dedupe import DedupeStore, MemoryDedupe, Processed, process_once
 
-__all__ = ["PROBLEM_TYPE_BASE", "Handler", "Outcome", "ReceivedWebhook", "WebhookReceiver"]
+__all__ = [
+    "PROBLEM_TYPE_BASE",
+    "Handler",
+    "Outcome",
+    "ReceivedWebhook",
+    "WebhookReceiver",
+    "problem_outcome",
+]
 
 logger = logging.getLogger("usp_receiver")
 
@@ -102,57 +109,41 @@ class WebhookReceiver:
             event = parse_event(body)
         except EventValidationError as exc:
             logger.info("webhook refused: not a USP event (%s)", exc)
-            return Outcome(
-                400,
-                _problem_body(400, "invalid_event", "Not a valid USP event", str(exc)),
-                reason="invalid_event",
-            )
+            return problem_outcome(400, "invalid_event", "Not a valid USP event", str(exc))
         return await self._deliver(ReceivedWebhook(event, verified, body))
 
     async def _deliver(self, hook: ReceivedWebhook) -> Outcome:
         event_id = hook.event.event_id
-        try:
-            claim = await self.dedupe.aclaim(event_id)
-        except Exception:
-            logger.exception("dedupe store unavailable; asking the sender to retry %s", event_id)
-            return Outcome(
-                503,
-                _problem_body(503, "dedupe_unavailable", "Deduplication store unavailable", ""),
-                {"Retry-After": "30"},
-                "dedupe_unavailable",
-                event_id,
-            )
-        if claim.state is ClaimState.DUPLICATE:
-            return Outcome(
-                200, {"status": "duplicate", "event_id": event_id}, reason="duplicate", event_id=event_id
-            )
-        if claim.state is ClaimState.IN_PROGRESS:
-            return Outcome(
-                409,
-                _problem_body(409, "in_progress", "Event is being processed", "retry later"),
-                {"Retry-After": str(_RETRY_IN_PROGRESS_SECONDS)},
-                "in_progress",
-                event_id,
-            )
-        try:
-            await run_handler(self.handler, hook)
-        except Exception:
-            # The handler's own text may hold PII or secrets: log it here, never send it back.
-            logger.exception("webhook handler failed for %s; released for the sender's retry", event_id)
-            await _quietly(self.dedupe.arelease(claim))
-            return Outcome(
-                500,
-                _problem_body(500, "handler_failed", "Webhook handler failed", ""),
-                {},
-                "handler_failed",
-                event_id,
-            )
-        try:
-            await self.dedupe.acommit(claim)
-        except Exception:
-            # The work is done; a 5xx now would run it twice. The claim's lease expires instead.
-            logger.exception("could not record %s as processed", event_id)
-        return Outcome(200, {"status": "accepted", "event_id": event_id}, event_id=event_id)
+        processed = await process_once(self.dedupe, event_id, lambda: run_handler(self.handler, hook))
+        match processed:
+            case Processed.ACCEPTED:
+                return Outcome(200, {"status": "accepted", "event_id": event_id}, event_id=event_id)
+            case Processed.DUPLICATE:
+                return Outcome(
+                    200, {"status": "duplicate", "event_id": event_id}, reason="duplicate", event_id=event_id
+                )
+            case Processed.IN_PROGRESS:
+                return problem_outcome(
+                    409,
+                    "in_progress",
+                    "Event is being processed",
+                    "retry later",
+                    {"Retry-After": str(_RETRY_IN_PROGRESS_SECONDS)},
+                    event_id,
+                )
+            case Processed.FAILED:
+                # The handler's own text may hold PII or secrets: it is logged, never sent back.
+                return problem_outcome(500, "handler_failed", "Webhook handler failed", event_id=event_id)
+            case Processed.UNAVAILABLE:
+                return problem_outcome(
+                    503,
+                    "dedupe_unavailable",
+                    "Deduplication store unavailable",
+                    headers={"Retry-After": "30"},
+                    event_id=event_id,
+                )
+            case _:
+                assert_never(processed)
 
 
 async def run_handler(handler: Handler, hook: ReceivedWebhook) -> None:
@@ -165,21 +156,21 @@ async def run_handler(handler: Handler, hook: ReceivedWebhook) -> None:
         await result
 
 
-async def _quietly(operation: Awaitable[None]) -> None:
-    try:
-        await operation
-    except Exception:
-        logger.exception("dedupe release failed; the claim will expire with its lease")
+def problem_outcome(
+    status: int,
+    reason: str,
+    title: str,
+    detail: str = "",
+    headers: dict[str, str] | None = None,
+    event_id: str | None = None,
+) -> Outcome:
+    """An RFC 9457 problem answer: ``type`` is :data:`PROBLEM_TYPE_BASE` + ``reason``, and
+    ``reason`` is repeated as a member (the stable code senders switch on).
 
-
-def _problem(status: int, exc: ReceiverError, title: str, *, retry_after: int | None = None) -> Outcome:
-    headers = {"Retry-After": str(retry_after)} if retry_after else {}
-    if status == 401:
-        headers["WWW-Authenticate"] = 'Signature realm="usp-webhooks"'
-    return Outcome(status, _problem_body(status, exc.reason, title, exc.detail), headers, exc.reason)
-
-
-def _problem_body(status: int, reason: str, title: str, detail: str) -> dict[str, Any]:
+    >>> outcome = problem_outcome(413, "payload_too_large", "Payload too large")
+    >>> outcome.status, outcome.media_type, outcome.body["type"]
+    (413, 'application/problem+json', 'urn:usp-webhooks:problem:payload_too_large')
+    """
     body: dict[str, Any] = {
         "type": PROBLEM_TYPE_BASE + reason,
         "title": title,
@@ -188,4 +179,11 @@ def _problem_body(status: int, reason: str, title: str, detail: str) -> dict[str
     }
     if detail:
         body["detail"] = detail
-    return body
+    return Outcome(status, body, dict(headers or {}), reason, event_id)
+
+
+def _problem(status: int, exc: ReceiverError, title: str, *, retry_after: int | None = None) -> Outcome:
+    headers = {"Retry-After": str(retry_after)} if retry_after else {}
+    if status == 401:
+        headers["WWW-Authenticate"] = 'Signature realm="usp-webhooks"'
+    return problem_outcome(status, exc.reason, title, exc.detail, headers)

@@ -16,7 +16,7 @@ from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable, Mutab
 from contextlib import aclosing
 from typing import Any
 
-from ._receive import Outcome, WebhookReceiver, _problem_body
+from ._receive import Outcome, WebhookReceiver, problem_outcome
 from ._url import check_public_url, request_url
 
 __all__ = ["DEFAULT_MAX_BODY_BYTES", "WebhookApp"]
@@ -114,20 +114,13 @@ async def read_limited(chunks: AsyncGenerator[bytes, None], limit: int) -> bytes
 def payload_too_large(limit: int) -> Outcome:
     """The 413 problem for a body over ``limit`` bytes."""
     detail = f"the body exceeds {limit} bytes"
-    return Outcome(
-        413,
-        _problem_body(413, "payload_too_large", "Payload too large", detail),
-        reason="payload_too_large",
-    )
+    return problem_outcome(413, "payload_too_large", "Payload too large", detail)
 
 
 def method_not_allowed() -> Outcome:
     """The 405 problem for anything but POST; ``Allow`` says what works."""
-    return Outcome(
-        405,
-        _problem_body(405, "method_not_allowed", "Method not allowed", "webhooks are delivered by POST"),
-        {"Allow": "POST"},
-        "method_not_allowed",
+    return problem_outcome(
+        405, "method_not_allowed", "Method not allowed", "webhooks are delivered by POST", {"Allow": "POST"}
     )
 
 

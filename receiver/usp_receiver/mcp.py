@@ -2,8 +2,9 @@
 
 A business pushes USP events to a platform that holds an MCP session open to it as JSON-RPC
 notifications (``method: "usp_webhook"``, no ``id``), each carrying an in-band JWS in
-``params._meta.usp.signature``. :class:`NotificationBinding` verifies that signature, deduplicates
-on ``event_id`` and runs your handler once per event.
+``params._meta.usp.signature``. :class:`NotificationBinding` verifies that signature, validates the
+params as a USP event envelope (exactly what the REST receiver accepts), deduplicates on
+``event_id`` and runs your handler once per event with a :class:`ReceivedNotification`.
 
 How it plugs in, and why this way: ``ClientSession`` in mcp 2.3 never hands a notification whose
 method the negotiated protocol version does not define to ``message_handler``; it is dropped with a
@@ -21,7 +22,12 @@ cover anything lost.
 
 This module is not imported by ``usp_receiver`` itself; import it explicitly::
 
-    from usp_receiver.mcp import NotificationBinding
+    from usp_receiver.mcp import NotificationBinding, ReceivedNotification
+
+    async def on_event(notification: ReceivedNotification) -> None:
+        await jobs.enqueue(notification.event)  # a parsed usp_schemas event: .event, .event_id...
+
+    binding = NotificationBinding(keys=jwks, dedupe=MemoryDedupe(), handler=on_event)
 """
 
 from __future__ import annotations
@@ -30,28 +36,32 @@ import enum
 import inspect
 import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any, Final
+from dataclasses import dataclass, field
+from typing import Any, Final, assert_never
 
 try:
-    import anyio
     from mcp.client import ClientExtension
     from mcp.client import NotificationBinding as _SDKNotificationBinding
     from pydantic import RootModel
 except ImportError as exc:  # pragma: no cover - exercised only without the extra installed
     raise ImportError("usp_receiver.mcp needs the official MCP SDK: install usp-receiver[mcp]") from exc
 
+from usp_schemas import EventValidationError, WebhookEvent, parse_event
+
 from ._errors import InvalidEvent, ReceiverError
-from ._jws import averify_notification_params
+from ._jws import VerifiedNotification, averify_notification_params
 from ._keys import KeyResolver
-from .dedupe import Claim, ClaimState, DedupeStore
+from .dedupe import DedupeStore, Processed, process_once
 
 __all__ = [
     "EXTENSION_IDENTIFIER",
     "USP_WEBHOOK_METHOD",
     "BindingStats",
     "NotificationBinding",
-    "Outcome",
+    "NotificationHandler",
+    "NotificationOutcome",
+    "ReceivedNotification",
+    "RejectionHook",
     "USPWebhookExtension",
 ]
 
@@ -62,23 +72,39 @@ USP_WEBHOOK_METHOD: Final = "usp_webhook"
 #: The client extension identifier (SEP-2133 grammar) advertised by :class:`USPWebhookExtension`.
 EXTENSION_IDENTIFIER: Final = "dev.usp-protocol/webhooks"
 
-NotificationHandler = Callable[[dict[str, Any]], Awaitable[None]]
+
+@dataclass(frozen=True, slots=True)
+class ReceivedNotification:
+    """What a handler gets: the validated event, who signed it, and the signed params.
+
+    ``params`` are the verified params with the signature removed (``verified.params``): the
+    notification's counterpart of :attr:`usp_receiver.ReceivedWebhook.body`, for anything the
+    parsed ``event`` does not model (``_meta``, fields a newer sender added).
+    """
+
+    event: WebhookEvent
+    verified: VerifiedNotification
+    params: dict[str, Any] = field(repr=False)
+
+
+NotificationHandler = Callable[[ReceivedNotification], Awaitable[None]]
 RejectionHook = Callable[[Any, ReceiverError], Awaitable[None] | None]
 
 
-class Outcome(enum.Enum):
+class NotificationOutcome(enum.Enum):
     """What :meth:`NotificationBinding.handle` did with one notification."""
 
     ACCEPTED = "accepted"  #: verified, new, handler ran and the id is committed
     DUPLICATE = "duplicate"  #: already processed: handler not run
     IN_PROGRESS = "in_progress"  #: another worker holds the id right now: handler not run
-    REJECTED = "rejected"  #: signature or envelope invalid: handler not run
+    REJECTED = "rejected"  #: signature invalid, or params not a USP event: handler not run
     FAILED = "failed"  #: handler (or the dedupe store) raised: claim released, a re-send runs again
 
 
 @dataclass
 class BindingStats:
-    """Counters per :class:`Outcome`, for metrics and tests. Mutated only on the event loop."""
+    """Counters per :class:`NotificationOutcome`, for metrics and tests. Mutated only on the event
+    loop."""
 
     accepted: int = 0
     duplicates: int = 0
@@ -103,14 +129,16 @@ class NotificationBinding:
     """Verify, deduplicate and dispatch ``usp_webhook`` notifications from an MCP server.
 
     ``keys`` resolves the business's signing keys (e.g. its JWKS), ``dedupe`` remembers processed
-    ``event_id`` values, ``handler`` receives the verified params (signature removed) once per
-    event. ``on_rejected(params, error)`` (sync or async) observes rejections; ``error.reason`` is
-    the stable code (``bad_signature``, ``stale``...).
+    ``event_id`` values, ``handler`` (async) receives a :class:`ReceivedNotification` once per
+    event. Params that are validly signed but not a USP event are rejected like the REST receiver
+    rejects them (``invalid_event``). ``on_rejected(params, error)`` (sync or async) observes
+    rejections; ``error.reason`` is the stable code (``bad_signature``, ``stale``,
+    ``invalid_event``...).
 
     >>> from mcp import Client
     >>> from usp_receiver.dedupe import MemoryDedupe
-    >>> async def on_event(params: dict[str, Any]) -> None:
-    ...     print(params["event"], params["event_id"])
+    >>> async def on_event(notification: ReceivedNotification) -> None:
+    ...     print(notification.event.event, notification.event.event_id)
     >>> binding = NotificationBinding(keys=jwks, dedupe=MemoryDedupe(), handler=on_event)  # doctest: +SKIP
     >>> async with Client(server, extensions=[binding.extension]) as client:  # doctest: +SKIP
     ...     ...
@@ -154,7 +182,7 @@ class NotificationBinding:
     async def _on_sdk(self, params: _RawParams) -> None:
         await self.handle(params.root)
 
-    async def handle(self, params: Any) -> Outcome:
+    async def handle(self, params: Any) -> NotificationOutcome:
         """Process one notification's ``params`` and report the outcome; never raises an
         ``Exception`` (there is nobody to answer: failures are logged and counted).
 
@@ -164,59 +192,38 @@ class NotificationBinding:
             verified = await averify_notification_params(
                 params, self._keys, max_age=self._max_age, max_future=self._max_future
             )
-            event_id = verified.params.get("event_id")
-            if not isinstance(event_id, str) or not event_id:
-                raise InvalidEvent("notification params carry no event_id string")
+            try:
+                event = parse_event(verified.params)
+            except EventValidationError as exc:
+                # The message names fields and checks, never the offending values (PII).
+                raise InvalidEvent(str(exc)) from None
         except ReceiverError as error:
             await self._reject(params, error)
-            return Outcome.REJECTED
+            return NotificationOutcome.REJECTED
         except Exception:
             # A resolver that breaks its contract; still nothing to answer, so log and count.
             logger.exception("usp_webhook notification could not be verified")
             self.stats.failed += 1
-            return Outcome.FAILED
+            return NotificationOutcome.FAILED
 
-        try:
-            claim = await self._dedupe.aclaim(event_id)
-        except Exception:
-            logger.exception("dedupe store failed to claim usp_webhook event %s", _short(event_id))
-            self.stats.failed += 1
-            return Outcome.FAILED
-        if claim.state is ClaimState.DUPLICATE:
-            logger.debug("usp_webhook event %s already processed", _short(event_id))
-            self.stats.duplicates += 1
-            return Outcome.DUPLICATE
-        if claim.state is ClaimState.IN_PROGRESS:
-            logger.info("usp_webhook event %s is being processed elsewhere; skipped", _short(event_id))
-            self.stats.in_progress += 1
-            return Outcome.IN_PROGRESS
-
-        try:
-            await self._handler(verified.params)
-        except BaseException as exc:
-            # Cancelled or failed: forget the claim so that a re-sent notification runs again.
-            await self._release(claim)
-            if not isinstance(exc, Exception):
-                raise
-            logger.exception("usp_webhook handler failed for event %s; claim released", _short(event_id))
-            self.stats.failed += 1
-            return Outcome.FAILED
-        try:
-            await self._dedupe.acommit(claim)
-        except Exception:
-            # The handler ran; a redelivery may run it again once the lease expires (at least once).
-            logger.exception("dedupe store failed to commit usp_webhook event %s", _short(event_id))
-        self.stats.accepted += 1
-        return Outcome.ACCEPTED
-
-    async def _release(self, claim: Claim) -> None:
-        with anyio.CancelScope(shield=True):
-            try:
-                await self._dedupe.arelease(claim)
-            except Exception:
-                logger.exception(
-                    "dedupe store failed to release usp_webhook event %s", _short(claim.event_id)
-                )
+        notification = ReceivedNotification(event, verified, verified.params)
+        processed = await process_once(self._dedupe, event.event_id, lambda: self._handler(notification))
+        match processed:
+            case Processed.ACCEPTED:
+                self.stats.accepted += 1
+                return NotificationOutcome.ACCEPTED
+            case Processed.DUPLICATE:
+                self.stats.duplicates += 1
+                return NotificationOutcome.DUPLICATE
+            case Processed.IN_PROGRESS:
+                self.stats.in_progress += 1
+                return NotificationOutcome.IN_PROGRESS
+            case Processed.FAILED | Processed.UNAVAILABLE:
+                # No response to send: a re-sent notification (or the REST path) runs it again.
+                self.stats.failed += 1
+                return NotificationOutcome.FAILED
+            case _:
+                assert_never(processed)
 
     async def _reject(self, params: Any, error: ReceiverError) -> None:
         self.stats.rejected += 1

@@ -40,9 +40,11 @@ from usp_receiver.mcp import (
     EXTENSION_IDENTIFIER,
     USP_WEBHOOK_METHOD,
     NotificationBinding,
-    Outcome,
+    NotificationOutcome,
+    ReceivedNotification,
     USPWebhookExtension,
 )
+from usp_schemas import BOOKING_CONFIRMED_EXAMPLE
 
 JWK_ENV = "USP_TEST_SIGNING_JWK"
 UspWebhook = types.Notification[dict[str, Any], str]
@@ -88,13 +90,13 @@ def build_server(key: SigningKey) -> Server[Any]:
 
 
 def envelope(n: int, **extra: Any) -> dict[str, Any]:
+    """A valid ``booking.confirmed`` event (a None value and ``_meta`` included, which the
+    signature must cover as sent)."""
+    event: dict[str, Any] = json.loads(BOOKING_CONFIRMED_EXAMPLE)
+    event["data"]["notes"] = None
     return {
-        "event": "booking.confirmed",
+        **event,
         "event_id": f"evt_01JQ3Z7R8KXW4B9N2M5P6T0V{n:02d}",
-        "timestamp": "2026-03-14T22:06:00Z",
-        "version": "2026-08-20",
-        "booking_id": "bkg_456def",
-        "data": {"status": "confirmed", "price": {"amount": 4500, "currency": "USD"}, "notes": None},
         "_meta": {"usp": {"correlation_id": f"corr_{n}"}},
         **extra,
     }
@@ -118,18 +120,19 @@ class Recorder:
     """The platform's handler: records each call; raises once for ids in ``fail_once``."""
 
     def __init__(self, fail_once: set[str] | None = None) -> None:
-        self.calls: list[dict[str, Any]] = []
+        self.calls: list[ReceivedNotification] = []
         self.fail_once = set(fail_once or ())
 
-    async def __call__(self, params: dict[str, Any]) -> None:
-        self.calls.append(params)
-        if params["event_id"] in self.fail_once:
-            self.fail_once.discard(params["event_id"])
+    async def __call__(self, notification: ReceivedNotification) -> None:
+        self.calls.append(notification)
+        event_id = notification.event.event_id
+        if event_id in self.fail_once:
+            self.fail_once.discard(event_id)
             raise RuntimeError("handler crashed")
 
     @property
     def event_ids(self) -> list[str]:
-        return [call["event_id"] for call in self.calls]
+        return [call.event.event_id for call in self.calls]
 
 
 class ToolCaller(Protocol):
@@ -247,9 +250,13 @@ async def test_verify_dedupe_and_release_over_a_real_session(connect: Connect) -
     forged = next(params for params, error in rejected if error.reason == "bad_signature")
     assert forged["booking_id"] == "bkg_forged"
 
-    # The handler saw the signed envelope, minus the signature, None values and _meta intact.
-    first = next(call for call in handler.calls if call["event_id"] == envelope(1)["event_id"])
-    assert first == envelope(1)
+    # The handler saw the signed envelope, minus the signature, None values and _meta intact,
+    # and the event parsed from it.
+    first = next(call for call in handler.calls if call.event.event_id == envelope(1)["event_id"])
+    assert first.params == envelope(1)
+    assert first.params is first.verified.params
+    assert first.event.event == "booking.confirmed"
+    assert first.verified.kid == key.kid
 
 
 @pytest.mark.anyio
@@ -259,8 +266,8 @@ async def test_rejections_are_logged_without_the_signature(caplog: pytest.LogCap
     signed = sign_notification_params(envelope(1), key)
     signature = signed["_meta"]["usp"]["signature"]
     with caplog.at_level(logging.DEBUG, logger="usp_receiver"):
-        assert await binding.handle({**signed, "booking_id": "bkg_forged"}) is Outcome.REJECTED
-        assert await binding.handle({**signed, "_meta": {}}) is Outcome.REJECTED
+        assert await binding.handle({**signed, "booking_id": "bkg_forged"}) is NotificationOutcome.REJECTED
+        assert await binding.handle({**signed, "_meta": {}}) is NotificationOutcome.REJECTED
     assert "bad_signature" in caplog.text
     assert "missing_signature" in caplog.text
     assert signature not in caplog.text
@@ -275,19 +282,19 @@ async def test_in_progress_is_not_run_and_counted() -> None:
     store = MemoryDedupe()
     entered, release = anyio.Event(), anyio.Event()
 
-    async def slow(params: dict[str, Any]) -> None:
+    async def slow(notification: ReceivedNotification) -> None:
         entered.set()
         await release.wait()
 
     calls: list[str] = []
 
-    async def fast(params: dict[str, Any]) -> None:
-        calls.append(params["event_id"])
+    async def fast(notification: ReceivedNotification) -> None:
+        calls.append(notification.event.event_id)
 
     first = NotificationBinding(keys=DictResolver(key.public), dedupe=store, handler=slow)
     second = NotificationBinding(keys=DictResolver(key.public), dedupe=store, handler=fast)
     signed = sign_notification_params(envelope(1), key)
-    outcomes: list[Outcome] = []
+    outcomes: list[NotificationOutcome] = []
 
     async def run_first() -> None:
         outcomes.append(await first.handle(signed))
@@ -295,10 +302,10 @@ async def test_in_progress_is_not_run_and_counted() -> None:
     async with anyio.create_task_group() as tg:
         tg.start_soon(run_first)
         await entered.wait()
-        assert await second.handle(signed) is Outcome.IN_PROGRESS
+        assert await second.handle(signed) is NotificationOutcome.IN_PROGRESS
         release.set()
-    assert outcomes == [Outcome.ACCEPTED]
-    assert await second.handle(signed) is Outcome.DUPLICATE
+    assert outcomes == [NotificationOutcome.ACCEPTED]
+    assert await second.handle(signed) is NotificationOutcome.DUPLICATE
     assert calls == []
     assert (second.stats.in_progress, second.stats.duplicates) == (1, 1)
 
@@ -309,7 +316,7 @@ async def test_cancelled_handler_releases_its_claim() -> None:
     store = MemoryDedupe()
     entered = anyio.Event()
 
-    async def hangs(params: dict[str, Any]) -> None:
+    async def hangs(notification: ReceivedNotification) -> None:
         entered.set()
         await anyio.sleep_forever()
 
@@ -335,9 +342,39 @@ async def test_envelope_without_event_id_is_rejected() -> None:
     )
     params = envelope(1)
     del params["event_id"]
-    assert await binding.handle(sign_notification_params(params, key)) is Outcome.REJECTED
-    assert await binding.handle(["not", "an", "object"]) is Outcome.REJECTED
+    assert await binding.handle(sign_notification_params(params, key)) is NotificationOutcome.REJECTED
+    assert await binding.handle(["not", "an", "object"]) is NotificationOutcome.REJECTED
     assert [error.reason for error in errors] == ["invalid_event", "malformed_signature"]
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize(
+    "params",
+    [
+        pytest.param(envelope(1, event="booking.exploded"), id="unknown-event-type"),
+        pytest.param({k: v for k, v in envelope(1).items() if k != "data"}, id="missing-data"),
+        pytest.param(envelope(1, booking_id="bkg_other"), id="subject-mismatch"),
+    ],
+)
+async def test_signed_params_that_are_not_a_usp_event_are_rejected(params: dict[str, Any]) -> None:
+    """The MCP path refuses exactly what the REST path refuses: a valid signature over params
+    that are not a USP event does not reach the handler, nor claim the id."""
+    key = SigningKey.generate()
+    errors: list[ReceiverError] = []
+    handler = Recorder()
+    store = MemoryDedupe()
+    binding = NotificationBinding(
+        keys=DictResolver(key.public),
+        dedupe=store,
+        handler=handler,
+        on_rejected=lambda _, e: errors.append(e),
+    )
+    outcome = await binding.handle(sign_notification_params(params, key))
+    assert outcome is NotificationOutcome.REJECTED
+    assert [error.reason for error in errors] == ["invalid_event"]
+    assert handler.calls == []
+    assert (binding.stats.rejected, binding.stats.total) == (1, 1)
+    assert len(store) == 0
 
 
 class BrokenStore:
@@ -368,7 +405,7 @@ async def test_a_broken_store_fails_the_event_without_running_the_handler() -> N
     store: DedupeStore = BrokenStore()
     handler = Recorder()
     binding = NotificationBinding(keys=DictResolver(key.public), dedupe=store, handler=handler)
-    assert await binding.handle(sign_notification_params(envelope(1), key)) is Outcome.FAILED
+    assert await binding.handle(sign_notification_params(envelope(1), key)) is NotificationOutcome.FAILED
     assert handler.calls == []
     assert binding.stats.failed == 1
 

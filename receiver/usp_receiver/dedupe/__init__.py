@@ -14,12 +14,16 @@ A claim that is neither committed nor released (the process died) expires after 
 so a crash loses nothing either. Claims carry a token: a handler whose lease ran out cannot commit
 or release the claim of whoever took the event over.
 
+:func:`process_once` wraps the three steps around a piece of work (claim, run, commit or release)
+and answers a :class:`Processed`; every receiver in this package goes through it.
+
 Stores: ``MemoryDedupe`` (here; one process), ``usp_receiver.dedupe.redis.RedisDedupe`` (extra
 ``redis``) and ``usp_receiver.dedupe.sql.SqlDedupe`` (extra ``sql``). The last two are imported
 from their own modules so that this package never imports an extra.
 """
 
+from ._once import Processed, process_once
 from ._protocol import Claim, ClaimState, DedupeStore
 from .memory import MemoryDedupe
 
-__all__ = ["Claim", "ClaimState", "DedupeStore", "MemoryDedupe"]
+__all__ = ["Claim", "ClaimState", "DedupeStore", "MemoryDedupe", "Processed", "process_once"]
