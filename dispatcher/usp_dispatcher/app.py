@@ -1,0 +1,63 @@
+"""The FastAPI application: ``create_app()`` wires settings, database and routes together.
+
+Start-up does what a fresh deployment needs before it can answer: the schema is brought to the
+latest migration (a no-op when the ``migrate`` job already ran) and a signing key exists, so the
+JWKS endpoint never publishes an empty set and the first delivery can be signed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import anyio.to_thread
+from fastapi import FastAPI
+from sqlalchemy.engine import Engine
+
+from usp_workers import db, keys
+from usp_workers.settings import Settings
+
+from .problems import install_problem_handlers
+from .routes import events, feed, wellknown
+
+__all__ = ["create_app"]
+
+
+def create_app(settings: Settings | None = None, *, engine: Engine | None = None) -> FastAPI:
+    """The service as an ASGI app. ``settings`` default to the environment (``USP_*``); an
+    ``engine`` passed in is used as is and left open at shutdown (the caller owns it)."""
+    resolved = settings if settings is not None else Settings()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        own_engine = engine is None
+        active = engine if engine is not None else db.make_engine(resolved)
+        try:
+            await anyio.to_thread.run_sync(_prepare_database, active, resolved)
+            app.state.engine = active
+            yield
+        finally:
+            if own_engine:
+                active.dispose()
+
+    app = FastAPI(
+        title="USP webhooks dispatcher",
+        summary="Events in, signed webhooks out: subscriptions, platform profiles, signing keys.",
+        version="0.1.0",
+        lifespan=lifespan,
+    )
+    app.state.settings = resolved
+    app.state.target_resolver = None
+    install_problem_handlers(app)
+    app.include_router(events.router)
+    app.include_router(feed.router)
+    app.include_router(wellknown.router)
+    return app
+
+
+def _prepare_database(engine: Engine, settings: Settings) -> None:
+    """Migrate to head and make sure a signing key exists (blocking: run off the event loop)."""
+    db.upgrade(engine)
+    with db.session(engine) as session:
+        keys.ensure_signing_key(session, settings)
+        session.commit()

@@ -1,0 +1,173 @@
+"""``usp-webhooks``: run and operate the dispatcher (migrate, serve the API, manage signing keys).
+
+Settings come from the environment (``USP_*``, see :class:`usp_workers.settings.Settings`), the
+same for every command, so ``migrate`` prepares exactly the database ``api`` will use.
+
+Adding a command: define a function in this module (or another) and register it on :data:`app`
+(``app.command()(my_command)``) or, for a group, on a new ``typer.Typer`` added with
+``app.add_typer``. Use :func:`load_settings` and :func:`open_engine` so every command reads its
+configuration the same way. Private key material is never printed by any command here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import datetime, timedelta
+from enum import StrEnum
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+from sqlalchemy.engine import Engine
+from sqlmodel import col, select
+
+from usp_receiver import jwk_thumbprint
+from usp_workers import db, keys
+from usp_workers.models import SigningKeyRecord, utcnow
+from usp_workers.settings import Settings
+
+__all__ = ["app", "keys_app", "load_settings", "main", "open_engine"]
+
+app = typer.Typer(
+    name="usp-webhooks",
+    help="Run and operate the USP webhook dispatcher. Configuration: USP_* environment variables.",
+    no_args_is_help=True,
+    add_completion=False,
+    # A traceback showing locals could print a private key or the admin token.
+    pretty_exceptions_show_locals=False,
+)
+keys_app = typer.Typer(help="The business's webhook signing keys.", no_args_is_help=True)
+app.add_typer(keys_app, name="keys")
+
+console = Console()
+
+
+class KeyAlgorithm(StrEnum):
+    """Algorithms of the USP signature profile."""
+
+    ED25519 = "ed25519"
+    ECDSA_P256_SHA256 = "ecdsa-p256-sha256"
+
+
+def main() -> None:
+    """Console-script entry point (``usp-webhooks``)."""
+    app(prog_name="usp-webhooks")
+
+
+def load_settings() -> Settings:
+    """The configuration every command uses: the environment (and ``.env``)."""
+    return Settings()
+
+
+@contextmanager
+def open_engine(settings: Settings) -> Iterator[Engine]:
+    """An engine for the configured database, disposed of when the command is done."""
+    engine = db.make_engine(settings)
+    try:
+        yield engine
+    finally:
+        engine.dispose()
+
+
+# ------------------------------------------------------------------------------------ database
+
+
+@app.command()
+def migrate() -> None:
+    """Bring the configured database's schema to the latest version (safe to run repeatedly)."""
+    settings = load_settings()
+    with open_engine(settings) as engine:
+        db.upgrade(engine)
+    console.print(f"database schema is up to date ([bold]{engine.url.get_backend_name()}[/bold])")
+
+
+# ------------------------------------------------------------------------------------ API
+
+
+@app.command()
+def api(
+    host: Annotated[str, typer.Option(help="Interface to listen on (0.0.0.0 in a container).")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="TCP port.", min=1, max=65535)] = 8000,
+) -> None:
+    """Serve the HTTP API (events, subscriptions, JWKS) with uvicorn."""
+    import uvicorn
+
+    from .app import create_app
+
+    uvicorn.run(create_app(load_settings()), host=host, port=port)
+
+
+# ------------------------------------------------------------------------------------ keys
+
+
+@keys_app.command("list")
+def keys_list() -> None:
+    """Every signing key with its schedule and what it does now (public facts only)."""
+    settings = load_settings()
+    now = utcnow()
+    with open_engine(settings) as engine, db.session(engine) as session:
+        records = session.exec(select(SigningKeyRecord).order_by(col(SigningKeyRecord.signs_from))).all()
+        published = _published_kids(keys.published_jwks(session, settings, now=now))
+    table = Table(title="signing keys")
+    # The kid is what operators copy into configs and receivers' logs: never cut it short.
+    table.add_column("kid", no_wrap=True, min_width=max((len(r.kid) for r in records), default=3))
+    for column in ("alg", "signs_from", "retires_at", "state now"):
+        table.add_column(column, overflow="fold")
+    for record in records:
+        table.add_row(
+            record.kid,
+            record.alg,
+            _when(record.signs_from),
+            _when(record.retires_at),
+            _state(record, now, published=record.kid in published),
+        )
+    console.print(table)
+
+
+@keys_app.command("rotate")
+def keys_rotate(
+    alg: Annotated[KeyAlgorithm, typer.Option(help="Algorithm of the new key.")] = KeyAlgorithm.ED25519,
+) -> None:
+    """Add a new key: published at once, signing after the publish lead; old keys then retire.
+
+    On a database without keys the new key is the first one and signs at once: a key that waits
+    for the publish lead would leave nothing to sign with until then.
+    """
+    settings = load_settings()
+    with open_engine(settings) as engine, db.session(engine) as session:
+        first = session.exec(select(SigningKeyRecord)).first() is None
+        if first:
+            record = keys.ensure_signing_key(session, settings, alg=alg.value)
+        else:
+            record = keys.rotate(session, settings, alg=alg.value)
+        retiring = _when(record.signs_from + timedelta(seconds=settings.key_overlap_seconds))
+        session.commit()
+    console.print(f"new key [bold]{record.kid}[/bold] ({record.alg}) is published now")
+    if first:
+        console.print("there was no key before it, so it signs from now on")
+    else:
+        console.print(
+            f"it starts signing at {_when(record.signs_from)}; older keys stop signing at {retiring}"
+        )
+
+
+def _published_kids(document: dict[str, object]) -> set[str]:
+    """Kids in a JWKS document; a key without ``kid`` is named by its thumbprint, as receivers do."""
+    entries = document.get("keys", [])
+    if not isinstance(entries, list):
+        return set()
+    return {str(e.get("kid") or jwk_thumbprint(e)) for e in entries if isinstance(e, dict)}
+
+
+def _state(record: SigningKeyRecord, now: datetime, *, published: bool) -> str:
+    if record.signs_from > now:
+        return "published, not signing yet"
+    if record.retires_at is None or record.retires_at > now:
+        return "signing"
+    return "retired, still published" if published else "retired"
+
+
+def _when(moment: datetime | None) -> str:
+    return "-" if moment is None else moment.isoformat(timespec="seconds")

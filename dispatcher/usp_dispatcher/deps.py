@@ -1,0 +1,52 @@
+"""What routes get injected: the settings, the engine, and a database session per request.
+
+They live on ``app.state`` (set by the lifespan in :mod:`usp_dispatcher.app`), not in module
+globals, so tests can run several apps with different settings and databases side by side.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Annotated, cast
+
+from fastapi import Depends, Request
+from sqlalchemy.engine import Engine
+from sqlmodel import Session
+
+from usp_workers import db
+from usp_workers.settings import Settings
+from usp_workers.ssrf import Resolver
+
+__all__ = [
+    "ResolverDep",
+    "SessionDep",
+    "SettingsDep",
+    "get_engine",
+    "get_resolver",
+    "get_session",
+    "get_settings",
+]
+
+
+def get_settings(request: Request) -> Settings:
+    return cast(Settings, request.app.state.settings)
+
+
+def get_engine(request: Request) -> Engine:
+    return cast(Engine, request.app.state.engine)
+
+
+def get_resolver(request: Request) -> Resolver | None:
+    """The DNS resolver the SSRF check uses; ``None`` is the system's (tests may set their own)."""
+    return cast(Resolver | None, getattr(request.app.state, "target_resolver", None))
+
+
+def get_session(engine: Annotated[Engine, Depends(get_engine)]) -> Iterator[Session]:
+    """One session per request, closed afterwards; routes commit what they mean to keep."""
+    with db.session(engine) as session:
+        yield session
+
+
+SettingsDep = Annotated[Settings, Depends(get_settings)]
+SessionDep = Annotated[Session, Depends(get_session)]
+ResolverDep = Annotated[Resolver | None, Depends(get_resolver)]

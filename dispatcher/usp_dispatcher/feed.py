@@ -1,0 +1,209 @@
+"""Feed subscriptions: where a platform wants its events, checked before anything is stored.
+
+These are the service functions behind ``/services/feed/subscriptions`` and the platform-profile
+registration; the MCP tools call the same ones. Two checks guard every subscription:
+
+* its URL passes the SSRF policy (:func:`usp_workers.ssrf.check_target`) *now*, so a platform
+  learns at once that ``http://10.0.0.5/`` will never be delivered to (the workers check again at
+  every delivery, since DNS can change);
+* every event-type pattern names at least one real event type, so a typo such as ``bookings.*``
+  is an error instead of a subscription that silently never fires.
+
+Subscriptions are never deleted: deliveries reference them, and the delivery history must keep
+its meaning. Deleting one disables it with ``disabled_reason = "deleted"``.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import anyio.to_thread
+from sqlmodel import Session, col, select
+
+from usp_schemas import EVENT_TYPES
+from usp_workers.models import Subscription, SubscriptionState, Transport, utcnow
+from usp_workers.settings import Settings
+from usp_workers.ssrf import ResolvedTarget, Resolver, TargetRefused, check_target
+
+from .errors import NotFound, Refused
+
+__all__ = [
+    "DELETED",
+    "MAX_PAGE",
+    "Page",
+    "SubscriptionSpec",
+    "check_url",
+    "delete_subscription",
+    "get_subscription",
+    "list_subscriptions",
+    "normalize_event_types",
+    "subscribe",
+    "subscription_view",
+    "upsert_profile_subscription",
+]
+
+#: ``disabled_reason`` of a subscription removed through the API.
+DELETED = "deleted"
+#: Largest page the list returns, whatever ``limit`` asks for.
+MAX_PAGE = 200
+_MAX_PATTERNS = 64
+
+
+@dataclass(frozen=True, slots=True)
+class SubscriptionSpec:
+    """A subscription as asked for, before it is checked."""
+
+    url: str
+    transport: Transport = Transport.REST
+    event_types: Sequence[str] = ("*",)
+    platform_profile: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Page:
+    """One page of subscriptions, oldest first; ``next_cursor`` fetches the next (``None``: done)."""
+
+    items: list[Subscription]
+    next_cursor: str | None
+
+
+def normalize_event_types(patterns: Iterable[str]) -> list[str]:
+    """The patterns, deduplicated in order; :class:`Refused` when one matches no known event type.
+
+    >>> normalize_event_types(["booking.*", "waitlist.joined", "booking.*"])
+    ['booking.*', 'waitlist.joined']
+    """
+    normalized: list[str] = []
+    for pattern in patterns:
+        if pattern in normalized:
+            continue
+        if pattern != "*" and not any(fnmatch.fnmatchcase(known, pattern) for known in EVENT_TYPES):
+            raise Refused(
+                "unknown_event_type",
+                f"event type pattern {pattern!r} matches no USP event type "
+                "(use '*', an exact type such as 'booking.confirmed', or a glob such as 'booking.*')",
+            )
+        normalized.append(pattern)
+    if not normalized:
+        raise Refused("no_event_types", "event_types must name at least one pattern ('*' for all)")
+    if len(normalized) > _MAX_PATTERNS:
+        raise Refused("too_many_event_types", f"at most {_MAX_PATTERNS} event type patterns")
+    return normalized
+
+
+async def check_url(
+    url: str, settings: Settings, *, resolver: Resolver | None = None, what: str = "webhook URL"
+) -> ResolvedTarget:
+    """The SSRF check, with its refusal turned into a :class:`Refused` that names the reason."""
+    try:
+        return await check_target(url, settings, resolver=resolver)
+    except TargetRefused as exc:
+        raise Refused(
+            "target_refused", f"the {what} is refused: {exc}", extra={"target_reason": exc.reason}
+        ) from None
+
+
+async def subscribe(
+    session: Session, settings: Settings, spec: SubscriptionSpec, *, resolver: Resolver | None = None
+) -> Subscription:
+    """Check ``spec`` and store it as a new active subscription (committed)."""
+    patterns = normalize_event_types(spec.event_types)
+    await check_url(spec.url, settings, resolver=resolver)
+    return await anyio.to_thread.run_sync(_insert, session, spec, patterns)
+
+
+async def upsert_profile_subscription(
+    session: Session, settings: Settings, spec: SubscriptionSpec, *, resolver: Resolver | None = None
+) -> tuple[Subscription, bool]:
+    """Store the subscription a platform profile asks for: update the profile's active
+    subscription to the same URL if there is one, else create it. Returns it and whether it is new.
+    """
+    if spec.platform_profile is None:
+        raise ValueError("a profile subscription needs spec.platform_profile")
+    patterns = normalize_event_types(spec.event_types)
+    await check_url(spec.url, settings, resolver=resolver)
+    return await anyio.to_thread.run_sync(_upsert, session, spec, patterns)
+
+
+def get_subscription(session: Session, subscription_id: str) -> Subscription:
+    subscription = session.get(Subscription, subscription_id)
+    if subscription is None:
+        raise NotFound("subscription_not_found", f"no subscription {subscription_id!r}")
+    return subscription
+
+
+def list_subscriptions(
+    session: Session, *, cursor: str | None = None, limit: int = 50, state: SubscriptionState | None = None
+) -> Page:
+    """Subscriptions in id order (ids are time-ordered, so oldest first), after ``cursor``."""
+    limit = max(1, min(limit, MAX_PAGE))
+    statement = select(Subscription).order_by(col(Subscription.id)).limit(limit + 1)
+    if cursor:
+        statement = statement.where(col(Subscription.id) > cursor)
+    if state is not None:
+        statement = statement.where(col(Subscription.state) == state)
+    rows = list(session.exec(statement).all())
+    more = len(rows) > limit
+    items = rows[:limit]
+    return Page(items, items[-1].id if more else None)
+
+
+def delete_subscription(session: Session, subscription_id: str) -> None:
+    """Disable the subscription for good (``disabled_reason = "deleted"``), keeping the row."""
+    subscription = get_subscription(session, subscription_id)
+    if subscription.state == SubscriptionState.DISABLED and subscription.disabled_reason == DELETED:
+        return
+    subscription.state = SubscriptionState.DISABLED
+    subscription.disabled_reason = DELETED
+    subscription.updated_at = utcnow()
+    session.add(subscription)
+    session.commit()
+
+
+def subscription_view(subscription: Subscription) -> dict[str, Any]:
+    """The JSON shape of a subscription in every answer."""
+    return {
+        "id": subscription.id,
+        "url": subscription.url,
+        "transport": Transport(subscription.transport).value,
+        "event_types": json.loads(subscription.event_types),
+        "platform_profile": subscription.platform_profile,
+        "state": SubscriptionState(subscription.state).value,
+        "disabled_reason": subscription.disabled_reason,
+        "created_at": subscription.created_at.isoformat(),
+        "updated_at": subscription.updated_at.isoformat(),
+    }
+
+
+def _insert(session: Session, spec: SubscriptionSpec, patterns: list[str]) -> Subscription:
+    subscription = Subscription(
+        url=spec.url,
+        transport=spec.transport,
+        event_types=json.dumps(patterns),
+        platform_profile=spec.platform_profile,
+    )
+    session.add(subscription)
+    session.commit()
+    return subscription
+
+
+def _upsert(session: Session, spec: SubscriptionSpec, patterns: list[str]) -> tuple[Subscription, bool]:
+    existing = session.exec(
+        select(Subscription)
+        .where(col(Subscription.platform_profile) == spec.platform_profile)
+        .where(col(Subscription.url) == spec.url)
+        .where(col(Subscription.state) == SubscriptionState.ACTIVE)
+        .order_by(col(Subscription.id))
+    ).first()
+    if existing is None:
+        return _insert(session, spec, patterns), True
+    existing.transport = spec.transport
+    existing.event_types = json.dumps(patterns)
+    existing.updated_at = utcnow()
+    session.add(existing)
+    session.commit()
+    return existing, False

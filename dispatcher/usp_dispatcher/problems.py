@@ -1,0 +1,167 @@
+"""RFC 9457 problem responses for every error this service answers, and the handlers that make them.
+
+Clients switch on ``reason`` (repeated in the ``type`` URI, as the receiver library does), so
+every refusal has one, including FastAPI's own (validation, unknown route, wrong method). The
+catch-all is a middleware rather than an ``Exception`` handler: Starlette re-raises after such a
+handler runs, which would log the same failure twice and, in tests, crash the client. Nothing an
+exception says reaches the client; the server log gets the traceback.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from usp_receiver import problem_outcome
+
+from .errors import Conflict, DispatcherError, NotFound, Refused
+
+__all__ = [
+    "PROBLEM_MEDIA_TYPE",
+    "CatchAllProblems",
+    "HTTPProblem",
+    "install_problem_handlers",
+    "problem_response",
+    "validation_summary",
+]
+
+logger = logging.getLogger("usp_dispatcher")
+
+PROBLEM_MEDIA_TYPE = "application/problem+json"
+
+_STATUS_OF: dict[type[DispatcherError], int] = {NotFound: 404, Conflict: 409, Refused: 422}
+_TITLE_OF: dict[type[DispatcherError], str] = {
+    NotFound: "Not found",
+    Conflict: "Conflict",
+    Refused: "Request refused",
+}
+# Starlette's own HTTP errors (unknown route, wrong method ...): a reason per status.
+_HTTP_REASONS = {
+    400: "bad_request",
+    401: "unauthenticated",
+    403: "forbidden",
+    404: "not_found",
+    405: "method_not_allowed",
+    413: "payload_too_large",
+    415: "unsupported_media_type",
+}
+
+
+class HTTPProblem(Exception):
+    """Raise from a route or dependency to answer with a problem (e.g. 401 from the admin check)."""
+
+    def __init__(
+        self,
+        status: int,
+        reason: str,
+        title: str,
+        detail: str,
+        *,
+        headers: Mapping[str, str] | None = None,
+        extra: Mapping[str, Any] | None = None,
+    ) -> None:
+        super().__init__(detail)
+        self.status = status
+        self.reason = reason
+        self.title = title
+        self.detail = detail
+        self.headers = dict(headers or {})
+        self.extra = dict(extra or {})
+
+
+def problem_response(
+    status: int,
+    reason: str,
+    title: str,
+    detail: str,
+    *,
+    headers: Mapping[str, str] | None = None,
+    extra: Mapping[str, Any] | None = None,
+) -> JSONResponse:
+    """A problem answer: ``type``, ``title``, ``status``, ``detail`` and ``reason`` always present.
+
+    >>> problem_response(404, "subscription_not_found", "Not found", "no such subscription").status_code
+    404
+    """
+    outcome = problem_outcome(status, reason, title, detail or title, dict(headers or {}))
+    body = dict(extra or {}) | outcome.body
+    return JSONResponse(body, status_code=status, headers=outcome.headers, media_type=PROBLEM_MEDIA_TYPE)
+
+
+def validation_summary(errors: Sequence[Mapping[str, Any]], *, limit: int = 5) -> str:
+    """``loc: msg`` for the first few errors, never the offending input (it may hold PII or secrets)."""
+    parts = [f"{'.'.join(map(str, e.get('loc', ()))) or '<root>'}: {e.get('msg', 'invalid')}" for e in errors]
+    more = f" (+{len(parts) - limit} more)" if len(parts) > limit else ""
+    return "; ".join(parts[:limit]) + more
+
+
+def install_problem_handlers(app: FastAPI) -> None:
+    """Make every error ``app`` can answer an RFC 9457 problem."""
+    app.add_exception_handler(HTTPProblem, _on_http_problem)  # type: ignore[arg-type]
+    app.add_exception_handler(DispatcherError, _on_dispatcher_error)  # type: ignore[arg-type]
+    app.add_exception_handler(RequestValidationError, _on_request_validation)  # type: ignore[arg-type]
+    app.add_exception_handler(StarletteHTTPException, _on_http_exception)  # type: ignore[arg-type]
+    app.add_middleware(CatchAllProblems)
+
+
+async def _on_http_problem(_request: Request, exc: HTTPProblem) -> JSONResponse:
+    return problem_response(
+        exc.status, exc.reason, exc.title, exc.detail, headers=exc.headers, extra=exc.extra
+    )
+
+
+async def _on_dispatcher_error(_request: Request, exc: DispatcherError) -> JSONResponse:
+    kind = next((k for k in _STATUS_OF if isinstance(exc, k)), Refused)
+    return problem_response(_STATUS_OF[kind], exc.reason, _TITLE_OF[kind], exc.detail, extra=exc.extra)
+
+
+async def _on_request_validation(_request: Request, exc: RequestValidationError) -> JSONResponse:
+    return problem_response(422, "invalid_request", "Invalid request", validation_summary(exc.errors()))
+
+
+async def _on_http_exception(_request: Request, exc: StarletteHTTPException) -> JSONResponse:
+    reason = _HTTP_REASONS.get(exc.status_code, "http_error")
+    title = reason.replace("_", " ").capitalize()
+    detail = exc.detail if isinstance(exc.detail, str) else title
+    return problem_response(exc.status_code, reason, title, detail, headers=exc.headers)
+
+
+class CatchAllProblems:
+    """ASGI middleware: an unhandled exception becomes a bare 500 problem; the log gets the rest."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def tracking_send(message: Message) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+            await send(message)
+
+        try:
+            await self.app(scope, receive, tracking_send)
+        except Exception:
+            # Path only: the query string could carry something secret; headers never logged.
+            logger.exception("unhandled error answering %s %s", scope.get("method"), scope.get("path"))
+            if started:
+                raise  # too late for a clean answer; let the server drop the connection
+            response = problem_response(
+                500,
+                "internal_error",
+                "Internal server error",
+                "The server failed to handle this request; the failure has been logged.",
+            )
+            await response(scope, receive, send)

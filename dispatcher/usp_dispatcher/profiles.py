@@ -1,0 +1,152 @@
+"""Platform profile registration: read a platform's profile document and subscribe its webhook URL.
+
+A platform profile is a JSON document at an ``https`` URI the platform controls (the URI it sends
+as ``_meta.usp.profile`` / ``USP-Agent``). Its ``webhook_url`` is where it wants events, with
+optional ``webhook_transport`` (``rest`` or ``jsonrpc``) and ``webhook_event_types`` (patterns).
+
+Fetching a URL a stranger names is the same risk as delivering to one, so the fetch gets the
+delivery's protections: the SSRF check, a connection pinned to the checked address (no second DNS
+answer), no redirects, no proxies from the environment, a 5 s budget and a 64 KiB cap. Plain
+``http`` profile URIs are accepted only in development mode (``USP_ALLOW_PRIVATE_TARGETS``).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Final
+
+import anyio
+import httpx
+from sqlmodel import Session
+
+from usp_workers.models import Subscription, Transport
+from usp_workers.settings import Settings
+from usp_workers.ssrf import ResolvedTarget, Resolver
+
+from .errors import Refused
+from .feed import SubscriptionSpec, check_url, upsert_profile_subscription
+
+__all__ = [
+    "FETCH_TIMEOUT_SECONDS",
+    "MAX_PROFILE_BYTES",
+    "PlatformProfile",
+    "fetch_profile",
+    "register_profile",
+]
+
+FETCH_TIMEOUT_SECONDS: Final = 5.0
+MAX_PROFILE_BYTES: Final = 64 * 1024
+_ACCEPT: Final = "application/json, application/*+json;q=0.9"
+
+
+@dataclass(frozen=True, slots=True)
+class PlatformProfile:
+    """What registration reads from a profile document."""
+
+    uri: str
+    webhook_url: str
+    webhook_transport: Transport
+    webhook_event_types: tuple[str, ...]
+
+
+async def register_profile(
+    session: Session, settings: Settings, profile_uri: str, *, resolver: Resolver | None = None
+) -> tuple[Subscription, bool]:
+    """Fetch ``profile_uri`` and create (or update) its subscription. Returns it and whether it is new."""
+    profile = await fetch_profile(profile_uri, settings, resolver=resolver)
+    spec = SubscriptionSpec(
+        url=profile.webhook_url,
+        transport=profile.webhook_transport,
+        event_types=profile.webhook_event_types,
+        platform_profile=profile.uri,
+    )
+    return await upsert_profile_subscription(session, settings, spec, resolver=resolver)
+
+
+async def fetch_profile(uri: str, settings: Settings, *, resolver: Resolver | None = None) -> PlatformProfile:
+    """Fetch and read a profile document; :class:`Refused` (with a reason) for anything amiss."""
+    scheme = uri.partition(":")[0].lower()
+    if scheme != "https" and not (scheme == "http" and settings.allow_private_targets):
+        raise Refused("profile_not_https", "a platform profile URI must be an https URL")
+    target = await check_url(uri, settings, resolver=resolver, what="profile URI")
+    body = await _get_pinned(target)
+    return _read_profile(uri, body)
+
+
+async def _get_pinned(target: ResolvedTarget) -> bytes:
+    """GET the checked address of ``target`` (the technique of ``usp_workers.ssrf.post_pinned``):
+    IP literal in the URL, the original authority in ``Host`` and, for https, in SNI and the
+    certificate check. The body is read up to :data:`MAX_PROFILE_BYTES` and no further."""
+    original = httpx.URL(target.url)
+    headers = {
+        "Host": target.authority,
+        "Accept": _ACCEPT,
+        "Accept-Encoding": "identity",  # a capped read of a compressed body would mean nothing
+        "Connection": "close",
+    }
+    extensions = {"sni_hostname": target.host} if target.scheme == "https" else {}
+    timeout = httpx.Timeout(FETCH_TIMEOUT_SECONDS)
+    async with httpx.AsyncClient(trust_env=False, follow_redirects=False, timeout=timeout) as client:
+        request = client.build_request(
+            "GET",
+            original.copy_with(host=target.ip, port=target.port),
+            headers=headers,
+            extensions=extensions,
+        )
+        try:
+            with anyio.fail_after(FETCH_TIMEOUT_SECONDS):
+                return await _read_capped(client, request)
+        except (TimeoutError, httpx.TimeoutException):
+            raise Refused(
+                "profile_unreachable", f"the profile did not answer within {FETCH_TIMEOUT_SECONDS:g} s"
+            ) from None
+        except httpx.HTTPError as exc:
+            raise Refused(
+                "profile_unreachable", f"the profile could not be fetched ({type(exc).__name__})"
+            ) from None
+
+
+async def _read_capped(client: httpx.AsyncClient, request: httpx.Request) -> bytes:
+    response = await client.send(request, stream=True, follow_redirects=False)
+    try:
+        if response.is_redirect:
+            raise Refused("profile_redirect", "the profile URI answered with a redirect (not followed)")
+        if response.status_code != 200:
+            raise Refused("profile_unavailable", f"the profile URI answered {response.status_code}")
+        if response.headers.get("content-encoding", "identity").lower() != "identity":
+            raise Refused("profile_unreadable", "the profile was sent compressed although identity was asked")
+        body = bytearray()
+        async for chunk in response.aiter_raw():
+            body += chunk
+            if len(body) > MAX_PROFILE_BYTES:
+                raise Refused("profile_too_large", f"the profile is larger than {MAX_PROFILE_BYTES} bytes")
+        return bytes(body)
+    finally:
+        await response.aclose()
+
+
+def _read_profile(uri: str, body: bytes) -> PlatformProfile:
+    try:
+        document: Any = json.loads(body)
+    except ValueError:
+        raise Refused("profile_not_json", "the profile is not a JSON document") from None
+    if not isinstance(document, dict):
+        raise Refused("profile_not_json", "the profile is not a JSON object")
+    webhook_url = document.get("webhook_url")
+    if not isinstance(webhook_url, str) or not webhook_url:
+        raise Refused("profile_without_webhook_url", "the profile has no webhook_url string")
+    transport = document.get("webhook_transport", Transport.REST.value)
+    if transport not in {t.value for t in Transport}:
+        raise Refused(
+            "profile_bad_transport", f"webhook_transport must be one of {sorted(t.value for t in Transport)}"
+        )
+    patterns = document.get("webhook_event_types", ["*"])
+    if not isinstance(patterns, list) or not all(isinstance(p, str) for p in patterns):
+        raise Refused("profile_bad_event_types", "webhook_event_types must be a list of strings")
+    return PlatformProfile(
+        uri=uri,
+        webhook_url=webhook_url,
+        webhook_transport=Transport(transport),
+        webhook_event_types=tuple(patterns),
+    )

@@ -1,0 +1,1 @@
+"""HTTP routes: thin adapters from requests to the service functions (and back to JSON)."""

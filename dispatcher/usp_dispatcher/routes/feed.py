@@ -1,0 +1,94 @@
+"""``/services/feed/*``: subscriptions and platform-profile registration.
+
+Admin-authenticated for now; platform credentials (bound to the platform's profile) come with the
+MCP surface, which calls the same :mod:`usp_dispatcher.feed` functions.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Query, Response
+from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict, Field
+
+from usp_workers.models import SubscriptionState, Transport
+
+from .. import feed
+from ..auth import AdminDep
+from ..deps import ResolverDep, SessionDep, SettingsDep
+from ..profiles import register_profile
+
+__all__ = ["router"]
+
+router = APIRouter(prefix="/services/feed", tags=["feed"], dependencies=[AdminDep])
+
+
+class SubscriptionIn(BaseModel):
+    """A new subscription."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    url: str = Field(min_length=1, max_length=2048, description="where to POST events (http or https)")
+    transport: Transport = Field(
+        default=Transport.REST, description="rest: the event JSON; jsonrpc: usp_webhook"
+    )
+    event_types: list[str] = Field(
+        default_factory=lambda: ["*"], min_length=1, description="'*', exact types, or globs like booking.*"
+    )
+    platform_profile: str | None = Field(default=None, max_length=2048)
+
+
+class ProfileIn(BaseModel):
+    """A platform profile to read ``webhook_url`` (and friends) from."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    profile: str = Field(min_length=1, max_length=2048, description="https URI of the platform profile")
+
+
+@router.post("/subscriptions", status_code=201)
+async def create_subscription(
+    body: SubscriptionIn, session: SessionDep, settings: SettingsDep, resolver: ResolverDep
+) -> JSONResponse:
+    """Subscribe a URL to event types (422 when the URL or a pattern is refused)."""
+    spec = feed.SubscriptionSpec(body.url, body.transport, body.event_types, body.platform_profile)
+    subscription = await feed.subscribe(session, settings, spec, resolver=resolver)
+    return JSONResponse(feed.subscription_view(subscription), status_code=201)
+
+
+@router.get("/subscriptions")
+async def list_subscriptions(
+    session: SessionDep,
+    cursor: Annotated[
+        str | None, Query(max_length=64, description="next_cursor of the previous page")
+    ] = None,
+    limit: Annotated[int, Query(ge=1, le=feed.MAX_PAGE)] = 50,
+    state: SubscriptionState | None = None,
+) -> dict[str, Any]:
+    """Subscriptions, active and disabled, oldest first."""
+    page = await run_in_threadpool(feed.list_subscriptions, session, cursor=cursor, limit=limit, state=state)
+    return {"items": [feed.subscription_view(s) for s in page.items], "next_cursor": page.next_cursor}
+
+
+@router.get("/subscriptions/{subscription_id}")
+async def get_subscription(subscription_id: str, session: SessionDep) -> dict[str, Any]:
+    subscription = await run_in_threadpool(feed.get_subscription, session, subscription_id)
+    return feed.subscription_view(subscription)
+
+
+@router.delete("/subscriptions/{subscription_id}", status_code=204)
+async def delete_subscription(subscription_id: str, session: SessionDep) -> Response:
+    """Disable the subscription (``disabled_reason: deleted``); its deliveries keep their history."""
+    await run_in_threadpool(feed.delete_subscription, session, subscription_id)
+    return Response(status_code=204)
+
+
+@router.post("/profiles", status_code=201, responses={200: {"description": "existing subscription updated"}})
+async def register_platform_profile(
+    body: ProfileIn, session: SessionDep, settings: SettingsDep, resolver: ResolverDep
+) -> JSONResponse:
+    """Fetch a platform profile and subscribe its ``webhook_url``: 201 created, 200 updated."""
+    subscription, created = await register_profile(session, settings, body.profile, resolver=resolver)
+    return JSONResponse(feed.subscription_view(subscription), status_code=201 if created else 200)

@@ -1,0 +1,103 @@
+"""Fixtures for the dispatcher: a database per test (SQLite file and PostgreSQL schema), settings
+built for it, and a running app (lifespan included: migrations and the first signing key).
+
+Every API test runs on both databases: the service must behave the same on the embedded default
+and on production's PostgreSQL, and only running both shows that.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+from fastapi import FastAPI
+from fastapi.testclient import TestClient
+from pydantic import SecretStr
+from sqlalchemy.engine import Engine
+
+from tests.receiver.test_fastapi_integration import running
+from usp_dispatcher.app import create_app
+from usp_workers import db
+from usp_workers.settings import Settings
+
+ADMIN_TOKEN = "test-admin-token-7c1f0e"
+ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+
+MakeSettings = Callable[..., Settings]
+MakeClient = Callable[..., TestClient]
+Serve = Callable[[Any], str]
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """A fresh, empty database: a SQLite file, or a PostgreSQL schema of its own (dropped after)."""
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'usp.sqlite3'}"
+        return
+    base: str = request.getfixturevalue("postgres_url")
+    schema = f"usp_test_{uuid.uuid4().hex[:12]}"
+    admin = sa.create_engine(base)
+    try:
+        with admin.begin() as conn:
+            conn.execute(sa.text(f'CREATE SCHEMA "{schema}"'))
+        url = sa.make_url(base).update_query_dict({"options": f"-csearch_path={schema}"})
+        yield url.render_as_string(hide_password=False)
+    finally:
+        with admin.begin() as conn:
+            conn.execute(sa.text(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE'))
+        admin.dispose()
+
+
+@pytest.fixture
+def make_settings(database_url: str) -> MakeSettings:
+    """Settings on the test database with the admin token set; keyword arguments override."""
+
+    def make(**overrides: Any) -> Settings:
+        values: dict[str, Any] = {
+            "database_url": database_url,
+            "admin_token": SecretStr(ADMIN_TOKEN),
+            "allow_private_targets": True,
+            "key_publish_lead_seconds": 300.0,
+        }
+        values.update(overrides)
+        return Settings(_env_file=None, **values)
+
+    return make
+
+
+@pytest.fixture
+def make_client(make_settings: MakeSettings) -> Iterator[MakeClient]:
+    """Start the app (lifespan and all) with settings overrides; every client closes at the end."""
+    with ExitStack() as stack:
+
+        def make(*, app: FastAPI | None = None, **overrides: Any) -> TestClient:
+            target = app if app is not None else create_app(make_settings(**overrides))
+            return stack.enter_context(TestClient(target))
+
+        yield make
+
+
+@pytest.fixture
+def client(make_client: MakeClient) -> TestClient:
+    """The app with default test settings (admin token set, private targets allowed)."""
+    return make_client()
+
+
+@pytest.fixture
+def engine(database_url: str) -> Iterator[Engine]:
+    """A second engine on the test database, to look at what the API stored."""
+    engine = db.make_engine(database_url)
+    yield engine
+    engine.dispose()
+
+
+@pytest.fixture
+def serve() -> Iterator[Serve]:
+    """Run ASGI apps under a real uvicorn on 127.0.0.1 (``serve(app) -> base URL``)."""
+    with ExitStack() as stack:
+        yield lambda app: stack.enter_context(running(app))

@@ -1,0 +1,46 @@
+"""Every error is an RFC 9457 problem with a stable reason, and none leaks exception text."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+from fastapi.testclient import TestClient
+
+from usp_dispatcher.app import create_app
+
+from .conftest import ADMIN, MakeClient, MakeSettings
+from .support import assert_problem
+
+SECRET_TEXT = "connection string postgresql://admin:hunter2@db"
+
+
+def test_unhandled_exception_is_a_bare_500_problem(
+    make_client: MakeClient, make_settings: MakeSettings, caplog: pytest.LogCaptureFixture
+) -> None:
+    app = create_app(make_settings())
+
+    async def explode() -> None:
+        raise RuntimeError(SECRET_TEXT)
+
+    app.add_api_route("/explode", explode)
+    client = make_client(app=app)
+    response = client.get("/explode")
+    problem = assert_problem(response, 500, "internal_error")
+    assert SECRET_TEXT not in response.text
+    assert "RuntimeError" not in response.text
+    assert "Traceback" not in problem["detail"]
+    # The operator still gets the whole story in the log.
+    assert any(record.exc_info and record.levelno == logging.ERROR for record in caplog.records)
+
+
+def test_unknown_route_and_wrong_method(client: TestClient) -> None:
+    assert_problem(client.get("/nowhere"), 404, "not_found")
+    assert_problem(client.put("/events", headers=ADMIN), 405, "method_not_allowed")
+
+
+def test_validation_error_names_the_field_not_the_value(client: TestClient) -> None:
+    response = client.post("/services/feed/subscriptions", json={"url": 12345678}, headers=ADMIN)
+    problem = assert_problem(response, 422, "invalid_request")
+    assert "url" in problem["detail"]
+    assert "12345678" not in problem["detail"]

@@ -1,0 +1,168 @@
+"""``/services/feed/subscriptions``: create (SSRF and pattern checks), list, get, delete."""
+
+from __future__ import annotations
+
+import pytest
+from fastapi.testclient import TestClient
+
+from usp_dispatcher.errors import Refused
+from usp_dispatcher.feed import normalize_event_types
+from usp_schemas import EVENT_TYPES
+
+from .conftest import ADMIN, MakeClient
+from .support import assert_problem, subscribe
+
+PATH = "/services/feed/subscriptions"
+HOOK = "http://127.0.0.1:9/hooks/usp"
+
+
+def test_create_and_read_back(client: TestClient) -> None:
+    created = subscribe(
+        client,
+        HOOK,
+        ["booking.*", "waitlist.offered"],
+        transport="jsonrpc",
+        platform_profile="https://p.example/x",
+    )
+    assert created["id"].startswith("sub_")
+    assert created["url"] == HOOK
+    assert created["transport"] == "jsonrpc"
+    assert created["event_types"] == ["booking.*", "waitlist.offered"]
+    assert created["platform_profile"] == "https://p.example/x"
+    assert created["state"] == "active"
+    assert created["disabled_reason"] is None
+    fetched = client.get(f"{PATH}/{created['id']}", headers=ADMIN)
+    assert fetched.status_code == 200
+    assert fetched.json() == created
+
+
+def test_defaults(client: TestClient) -> None:
+    created = subscribe(client, HOOK)
+    assert created["transport"] == "rest"
+    assert created["event_types"] == ["*"]
+    assert created["platform_profile"] is None
+
+
+@pytest.mark.parametrize("pattern", ["bookings.*", "booking.exploded", "", "catalog.*.removed"])
+def test_patterns_that_match_nothing_are_refused(client: TestClient, pattern: str) -> None:
+    response = client.post(PATH, json={"url": HOOK, "event_types": [pattern]}, headers=ADMIN)
+    problem = assert_problem(response, 422, "unknown_event_type")
+    assert repr(pattern) in problem["detail"]
+    assert client.get(PATH, headers=ADMIN).json()["items"] == []
+
+
+def test_empty_pattern_list_is_refused(client: TestClient) -> None:
+    response = client.post(PATH, json={"url": HOOK, "event_types": []}, headers=ADMIN)
+    assert_problem(response, 422, "invalid_request")
+
+
+def test_bad_transport_and_unknown_fields_are_refused(client: TestClient) -> None:
+    assert_problem(
+        client.post(PATH, json={"url": HOOK, "transport": "smtp"}, headers=ADMIN), 422, "invalid_request"
+    )
+    assert_problem(
+        client.post(PATH, json={"url": HOOK, "secret": "x"}, headers=ADMIN), 422, "invalid_request"
+    )
+
+
+def test_normalize_event_types_accepts_every_known_type_and_glob() -> None:
+    assert normalize_event_types(EVENT_TYPES) == list(EVENT_TYPES)
+    assert normalize_event_types(["*", "catalog.*", "booking.no_show", "*"]) == [
+        "*",
+        "catalog.*",
+        "booking.no_show",
+    ]
+    with pytest.raises(Refused) as caught:
+        normalize_event_types(["Booking.*"])  # case matters: event types are lower case
+    assert caught.value.reason == "unknown_event_type"
+
+
+def test_private_target_refused_unless_allowed(make_client: MakeClient) -> None:
+    strict = make_client(allow_private_targets=False)
+    for url in (HOOK, "http://[::1]:8080/h", "http://169.254.169.254/latest", "http://2130706433/"):
+        problem = assert_problem(strict.post(PATH, json={"url": url}, headers=ADMIN), 422, "target_refused")
+        assert problem["target_reason"] == "private_address"
+    assert strict.get(PATH, headers=ADMIN).json()["items"] == []
+
+    relaxed = make_client(allow_private_targets=True)
+    assert relaxed.post(PATH, json={"url": HOOK}, headers=ADMIN).status_code == 201
+
+
+def test_allowlisted_range_is_accepted(make_client: MakeClient) -> None:
+    client = make_client(allow_private_targets=False, private_target_allowlist=("127.0.0.0/8",))
+    assert client.post(PATH, json={"url": HOOK}, headers=ADMIN).status_code == 201
+
+
+def test_name_resolving_to_a_private_address_is_refused(make_client: MakeClient) -> None:
+    client = make_client(allow_private_targets=False)
+    asked: list[tuple[str, int]] = []
+
+    async def resolver(host: str, port: int) -> list[str]:
+        asked.append((host, port))
+        return {"public.example": ["93.184.215.14"], "sneaky.example": ["93.184.215.14", "10.0.0.5"]}[host]
+
+    client.app.state.target_resolver = resolver  # type: ignore[attr-defined]
+    problem = assert_problem(
+        client.post(PATH, json={"url": "https://sneaky.example/hook"}, headers=ADMIN), 422, "target_refused"
+    )
+    assert problem["target_reason"] == "private_address"
+    assert client.post(PATH, json={"url": "https://public.example/hook"}, headers=ADMIN).status_code == 201
+    assert asked == [("sneaky.example", 443), ("public.example", 443)]
+
+
+@pytest.mark.parametrize(
+    ("url", "target_reason"),
+    [
+        ("ftp://127.0.0.1/x", "bad_scheme"),
+        ("http://user:pw@127.0.0.1/x", "credentials_in_url"),
+        ("hooks", "bad_scheme"),
+    ],
+)
+def test_malformed_targets_are_refused(client: TestClient, url: str, target_reason: str) -> None:
+    problem = assert_problem(client.post(PATH, json={"url": url}, headers=ADMIN), 422, "target_refused")
+    assert problem["target_reason"] == target_reason
+    assert "pw" not in problem["detail"]
+
+
+def test_list_pages_by_cursor(client: TestClient) -> None:
+    ids = [subscribe(client, f"{HOOK}/{n}")["id"] for n in range(5)]
+    seen: list[str] = []
+    cursor: str | None = None
+    pages = 0
+    while True:
+        params: dict[str, str | int] = {"limit": 2} | ({"cursor": cursor} if cursor else {})
+        page = client.get(PATH, params=params, headers=ADMIN).json()
+        pages += 1
+        seen += [item["id"] for item in page["items"]]
+        cursor = page["next_cursor"]
+        if cursor is None:
+            break
+    assert seen == ids  # every one, once, oldest first
+    assert pages == 3
+
+
+def test_list_limit_is_bounded(client: TestClient) -> None:
+    assert_problem(client.get(PATH, params={"limit": 0}, headers=ADMIN), 422, "invalid_request")
+    assert_problem(client.get(PATH, params={"limit": 10_000}, headers=ADMIN), 422, "invalid_request")
+
+
+def test_delete_disables_and_keeps_the_row(client: TestClient) -> None:
+    kept = subscribe(client, HOOK + "/kept")
+    doomed = subscribe(client, HOOK + "/doomed")
+    response = client.delete(f"{PATH}/{doomed['id']}", headers=ADMIN)
+    assert response.status_code == 204
+    assert response.content == b""
+    after = client.get(f"{PATH}/{doomed['id']}", headers=ADMIN).json()
+    assert (after["state"], after["disabled_reason"]) == ("disabled", "deleted")
+    # Deleting again changes nothing.
+    assert client.delete(f"{PATH}/{doomed['id']}", headers=ADMIN).status_code == 204
+
+    listed = {item["id"]: item["state"] for item in client.get(PATH, headers=ADMIN).json()["items"]}
+    assert listed == {kept["id"]: "active", doomed["id"]: "disabled"}
+    active = client.get(PATH, params={"state": "active"}, headers=ADMIN).json()["items"]
+    assert [item["id"] for item in active] == [kept["id"]]
+
+
+def test_unknown_subscription_is_a_404_problem(client: TestClient) -> None:
+    assert_problem(client.get(f"{PATH}/sub_nope", headers=ADMIN), 404, "subscription_not_found")
+    assert_problem(client.delete(f"{PATH}/sub_nope", headers=ADMIN), 404, "subscription_not_found")
