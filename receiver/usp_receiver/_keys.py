@@ -122,8 +122,7 @@ class PublicKey:
             key, public_jwk = _load_public(jwk)
             algorithm = _algorithm_for(jwk, alg)
             kid = str(jwk.get("kid") or jwk_thumbprint(public_jwk))
-            if "kid" in jwk:
-                public_jwk["kid"] = kid
+            public_jwk["kid"] = kid  # published JWKS name every key, as most JOSE clients expect
             public_jwk["alg"] = _HTTPSIG_TO_JOSE[algorithm]
             verifier = _ALGORITHM_CLASSES[algorithm](public_key=key)
         except (KeyError, ValueError, TypeError, HTTPMessageSignaturesException) as exc:

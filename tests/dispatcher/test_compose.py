@@ -4,9 +4,6 @@
 options that command accepts, the worker can be scaled, images are the official ones, services
 wait for what they need. (b) ``docker compose config -q``, Compose's own validation, when Docker
 Compose is installed; otherwise that one test is skipped and says why.
-
-PyYAML is used when importable; it is not a dependency of this workspace, so otherwise the file is
-read by :mod:`tests.dispatcher.yaml_subset`, which refuses any construct it does not handle.
 """
 
 from __future__ import annotations
@@ -19,11 +16,10 @@ from typing import Any
 
 import pytest
 import typer
+import yaml
 from typer.testing import CliRunner
 
 from usp_dispatcher.cli import app as cli_app
-
-from . import yaml_subset
 
 REPO = Path(__file__).resolve().parents[2]
 COMPOSE_FILE = REPO / "docker-compose.yml"
@@ -35,13 +31,7 @@ LONG_RUNNING = ("api", "worker", "scheduler")
 
 
 def _load_compose() -> dict[str, Any]:
-    text = COMPOSE_FILE.read_text()
-    try:
-        import yaml  # type: ignore[import-untyped, unused-ignore]
-    except ImportError:
-        document: Any = yaml_subset.load(text)
-    else:
-        document = yaml.safe_load(text)
+    document: Any = yaml.safe_load(COMPOSE_FILE.read_text())
     assert isinstance(document, dict), "docker-compose.yml is not a mapping"
     return document
 
@@ -134,17 +124,6 @@ def test_dockerfile_installs_the_locked_workspace() -> None:
     assert re.search(r"^RUN pip install .*\buv\b", text, re.MULTILINE), "uv comes from PyPI via pip"
     assert re.search(r"^RUN uv sync --frozen --no-dev$", text, re.MULTILINE)
     assert text.index("uv.lock") < text.index("uv sync"), "the lock is copied before syncing"
-
-
-def test_yaml_subset_refuses_what_it_does_not_understand() -> None:
-    for text in ("a: &x 1\nb: *x\n", "a: |\n  text\n", "a: {b: 1}\n", "a: yes\n", "- a: 1\n", "a: 1.5\n"):
-        with pytest.raises(ValueError, match="line"):
-            yaml_subset.load(text)
-    assert yaml_subset.load("a:\n  - 'x'\n  - \"y\"\nb: [1, c]\nc: ~\n") == {
-        "a": ["x", "y"],
-        "b": [1, "c"],
-        "c": None,
-    }
 
 
 def test_docker_compose_config_accepts_the_file() -> None:

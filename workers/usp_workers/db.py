@@ -22,6 +22,7 @@ from .settings import Settings
 __all__ = ["MIGRATIONS", "make_engine", "session", "upgrade"]
 
 MIGRATIONS = Path(__file__).with_name("migrations")
+_MIGRATION_LOCK = 0x5553_5057  # "USPW": the advisory lock id migrations hold on PostgreSQL
 
 
 def make_engine(settings: Settings | str) -> Engine:
@@ -42,6 +43,9 @@ def session(engine: Engine) -> Session:
 def upgrade(engine: Engine, revision: str = "head") -> None:
     """Bring the schema to ``revision`` (creating it from an empty database)."""
     with engine.begin() as connection:
+        if connection.dialect.name == "postgresql":
+            # Several API replicas starting on one empty database must not migrate concurrently.
+            connection.execute(sa.text("SELECT pg_advisory_xact_lock(:key)"), {"key": _MIGRATION_LOCK})
         command.upgrade(_alembic_config(connection), revision)
 
 
