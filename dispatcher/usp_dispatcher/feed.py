@@ -18,10 +18,11 @@ from __future__ import annotations
 import fnmatch
 import json
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import anyio.to_thread
+import httpx
 from sqlmodel import Session, col, select
 
 from usp_schemas import EVENT_TYPES
@@ -44,6 +45,7 @@ __all__ = [
     "subscribe",
     "subscription_view",
     "upsert_profile_subscription",
+    "wire_url",
 ]
 
 #: ``disabled_reason`` of a subscription removed through the API.
@@ -112,6 +114,7 @@ async def subscribe(
 ) -> Subscription:
     """Check ``spec`` and store it as a new active subscription (committed)."""
     patterns = normalize_event_types(spec.event_types)
+    spec = replace(spec, url=wire_url(spec.url))
     await check_url(spec.url, settings, resolver=resolver)
     return await anyio.to_thread.run_sync(_insert, session, spec, patterns)
 
@@ -125,8 +128,25 @@ async def upsert_profile_subscription(
     if spec.platform_profile is None:
         raise ValueError("a profile subscription needs spec.platform_profile")
     patterns = normalize_event_types(spec.event_types)
+    spec = replace(spec, url=wire_url(spec.url))
     await check_url(spec.url, settings, resolver=resolver)
     return await anyio.to_thread.run_sync(_upsert, session, spec, patterns)
+
+
+def wire_url(url: str) -> str:
+    """The URL exactly as the HTTP client will send it (dot segments resolved, spaces and non-ASCII
+    percent-encoded, IDNA host). Stored and signed in this form, so the ``@authority`` and ``@path``
+    the receiver sees are the ones we signed.
+
+    >>> wire_url("https://Hooks.example/a/../b c")
+    'https://hooks.example/b%20c'
+    """
+    try:
+        return str(httpx.URL(url))
+    except (httpx.InvalidURL, ValueError) as exc:
+        raise Refused(
+            "target_refused", f"the webhook URL is not a valid URL: {exc}", extra={"target_reason": "bad_url"}
+        ) from None
 
 
 def get_subscription(session: Session, subscription_id: str) -> Subscription:
@@ -199,6 +219,17 @@ def _upsert(session: Session, spec: SubscriptionSpec, patterns: list[str]) -> tu
         .where(col(Subscription.state) == SubscriptionState.ACTIVE)
         .order_by(col(Subscription.id))
     ).first()
+    # A profile has one webhook_url: when it changes, the subscription to the old URL stops.
+    for stale in session.exec(
+        select(Subscription)
+        .where(col(Subscription.platform_profile) == spec.platform_profile)
+        .where(col(Subscription.url) != spec.url)
+        .where(col(Subscription.state) == SubscriptionState.ACTIVE)
+    ).all():
+        stale.state = SubscriptionState.DISABLED
+        stale.disabled_reason = "replaced: the profile's webhook_url changed"
+        stale.updated_at = utcnow()
+        session.add(stale)
     if existing is None:
         return _insert(session, spec, patterns), True
     existing.transport = spec.transport

@@ -75,6 +75,16 @@ def test_registers_the_profile_webhook(make_client: MakeClient, host: tuple[Prof
     listed = client.get("/services/feed/subscriptions", headers=ADMIN).json()["items"]
     assert [s["id"] for s in listed] == [created["id"]]
 
+    # The platform moves its webhook: a new subscription, and the old URL stops receiving events.
+    platform.document = {"webhook_url": f"{base}/hooks/v2"}
+    moved = client.post(PATH, json={"profile": f"{base}/profile.json"}, headers=ADMIN)
+    assert moved.status_code == 201, moved.text
+    states = {
+        s["url"]: s["state"]
+        for s in client.get("/services/feed/subscriptions", headers=ADMIN).json()["items"]
+    }
+    assert states == {f"{base}/hooks/usp": "disabled", f"{base}/hooks/v2": "active"}
+
 
 def test_private_profile_refused_without_fetching(
     make_client: MakeClient, host: tuple[ProfileHost, str]

@@ -166,3 +166,10 @@ def test_delete_disables_and_keeps_the_row(client: TestClient) -> None:
 def test_unknown_subscription_is_a_404_problem(client: TestClient) -> None:
     assert_problem(client.get(f"{PATH}/sub_nope", headers=ADMIN), 404, "subscription_not_found")
     assert_problem(client.delete(f"{PATH}/sub_nope", headers=ADMIN), 404, "subscription_not_found")
+
+
+def test_url_is_stored_as_the_client_will_send_it(client: TestClient) -> None:
+    """Signatures cover @authority and @path: store the form httpx puts on the wire, or the
+    receiver would see a path we did not sign (``/a/../b`` goes out as ``/b``)."""
+    created = subscribe(client, "http://127.0.0.1:9/hooks/../usp hooks?x=a b")
+    assert created["url"] == "http://127.0.0.1:9/usp%20hooks?x=a%20b"
