@@ -14,7 +14,7 @@ import anyio.to_thread
 from fastapi import FastAPI
 from sqlalchemy.engine import Engine
 
-from usp_workers import db, keys
+from usp_workers import db, keys, tasks
 from usp_workers.settings import Settings
 
 from .problems import install_problem_handlers
@@ -35,8 +35,11 @@ def create_app(settings: Settings | None = None, *, engine: Engine | None = None
         try:
             await anyio.to_thread.run_sync(_prepare_database, active, resolved)
             app.state.engine = active
+            # Committed events reach the broker at once, not at the scheduler's next pass.
+            tasks.install_enqueuer(resolved)
             yield
         finally:
+            tasks.uninstall_enqueuer()
             if own_engine:
                 active.dispose()
 

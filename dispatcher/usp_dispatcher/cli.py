@@ -99,6 +99,49 @@ def api(
     uvicorn.run(create_app(load_settings()), host=host, port=port)
 
 
+# ------------------------------------------------------------------------------------ delivery
+
+
+@app.command()
+def worker(
+    concurrency: Annotated[
+        int | None, typer.Option(min=1, help="Batches run at once (threads; default 8).")
+    ] = None,
+) -> None:
+    """Run a delivery worker (Celery, threads pool) until SIGTERM or Ctrl-C."""
+    from usp_workers.worker import run_worker
+
+    run_worker(load_settings(), concurrency=concurrency)
+
+
+@app.command()
+def scheduler() -> None:
+    """Run the scheduler: enqueue due deliveries, reclaim expired leases (one is enough; two
+    are safe)."""
+    from usp_workers.relay import run_relay
+
+    run_relay(load_settings())
+
+
+@app.command()
+def up(
+    host: Annotated[str, typer.Option(help="Interface the API listens on.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="The API's TCP port.", min=1, max=65535)] = 8000,
+    concurrency: Annotated[
+        int | None, typer.Option(min=1, help="The worker's concurrent batches (default 8).")
+    ] = None,
+) -> None:
+    """Run everything on this machine: the API, a worker and the scheduler; Ctrl-C stops all.
+
+    Needs no settings: without any, a SQLite database and an embedded broker live in the working
+    folder. Without USP_ADMIN_TOKEN, an admin token is generated for this session and printed
+    once.
+    """
+    from .supervisor import run_up
+
+    raise typer.Exit(run_up(load_settings(), host=host, port=port, concurrency=concurrency, console=console))
+
+
 # ------------------------------------------------------------------------------------ keys
 
 
@@ -171,3 +214,7 @@ def _state(record: SigningKeyRecord, now: datetime, *, published: bool) -> str:
 
 def _when(moment: datetime | None) -> str:
     return "-" if moment is None else moment.isoformat(timespec="seconds")
+
+
+if __name__ == "__main__":  # ``python -m usp_dispatcher.cli`` (how ``up`` starts its children)
+    main()

@@ -54,7 +54,7 @@ def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str
 
 
 @pytest.fixture
-def make_settings(database_url: str) -> MakeSettings:
+def make_settings(database_url: str, tmp_path: Path) -> MakeSettings:
     """Settings on the test database with the admin token set; keyword arguments override."""
 
     def make(**overrides: Any) -> Settings:
@@ -63,6 +63,9 @@ def make_settings(database_url: str) -> MakeSettings:
             "admin_token": SecretStr(ADMIN_TOKEN),
             "allow_private_targets": True,
             "key_publish_lead_seconds": 300.0,
+            # The app hands posted events to the broker: the embedded one, in this test's folder
+            # (unset, it would be a file in the working folder whenever the database is not SQLite).
+            "broker_url": f"sqla+sqlite:///{tmp_path / 'broker.sqlite3'}",
         }
         values.update(overrides)
         return Settings(_env_file=None, **values)

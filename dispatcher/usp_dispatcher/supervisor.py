@@ -1,0 +1,254 @@
+"""``usp-webhooks up``: the whole service on one machine, as three supervised child processes.
+
+The API (uvicorn), a delivery worker and the scheduler run as separate processes, exactly as they
+are deployed separately (``api``, ``worker``, ``scheduler``): the same code paths, the same
+process boundaries, just started together. With no settings at all they share a SQLite database
+and the embedded broker (a second SQLite file) in the working folder, so the first run needs
+nothing but this package.
+
+Before starting them the database is migrated and a signing key made, once, so the three do not
+race to create the schema; the embedded broker's tables are created up front for the same reason.
+
+The admin token: ``USP_ADMIN_TOKEN`` (or ``.env``) when configured, and then it is not printed.
+Otherwise a random token is generated for this session, printed once on the terminal, and passed
+to the API process only, in its environment; it is never logged, and it is gone when ``up``
+stops (configure ``USP_ADMIN_TOKEN`` for one that lasts).
+
+Stopping: Ctrl-C or SIGTERM sends SIGTERM to each child (the worker finishes its running batches,
+uvicorn its requests), waits, and kills what has not exited. The children run in their own
+session so that a terminal's Ctrl-C reaches them once, through ``up``, not twice; on Linux each
+also gets SIGTERM if ``up`` itself dies. When any child exits on its own, ``up`` stops the others
+and exits non-zero: a half-running service is worse than a stopped one.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from types import FrameType
+
+import httpx
+from kombu.utils.url import maybe_sanitize_url
+from rich.console import Console
+
+from usp_workers import db, keys
+from usp_workers.celery_app import make_celery, prepare_broker
+from usp_workers.settings import Settings
+
+__all__ = ["READY_TIMEOUT", "STOP_TIMEOUT", "Child", "child_environment", "display_host", "run_up"]
+
+#: Seconds the API gets to answer its JWKS after starting.
+READY_TIMEOUT = 60.0
+#: Seconds each child gets to exit after SIGTERM before it is killed.
+STOP_TIMEOUT = 20.0
+_JWKS_PATH = "/.well-known/usp/jwks.json"
+_PR_SET_PDEATHSIG = 1
+
+
+@dataclass
+class Child:
+    """One supervised process."""
+
+    name: str
+    process: subprocess.Popen[bytes]
+
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+
+def run_up(
+    settings: Settings,
+    *,
+    host: str,
+    port: int,
+    concurrency: int | None,
+    console: Console,
+    stop: threading.Event | None = None,
+) -> int:
+    """Prepare, start the three processes, print where to reach them, supervise until stopped;
+    return the exit code. ``stop`` replaces the signal handlers (tests)."""
+    _prepare(settings)
+    env, generated_token = child_environment(settings, os.environ, host=host, port=port)
+    command = [sys.executable, "-m", "usp_dispatcher.cli"]
+    worker_args = ["worker"] + ([f"--concurrency={concurrency}"] if concurrency else [])
+    specs: list[tuple[str, list[str], Mapping[str, str]]] = [
+        ("api", [*command, "api", "--host", host, "--port", str(port)], env),
+        # Only the API needs the admin token: the others never see it.
+        ("worker", [*command, *worker_args], _without(env, "USP_ADMIN_TOKEN")),
+        ("scheduler", [*command, "scheduler"], _without(env, "USP_ADMIN_TOKEN")),
+    ]
+    stopping = stop if stop is not None else threading.Event()
+    restore = _stop_on_signals(stopping) if stop is None else _nothing
+    children: list[Child] = []
+    try:
+        for name, argv, child_env in specs:
+            children.append(Child(name, _spawn(argv, child_env)))
+        base = f"http://{display_host(host)}:{port}"
+        if not _wait_ready(base + _JWKS_PATH, children, stopping):
+            if stopping.is_set():
+                return 0
+            console.print("[red]the API did not come up; stopping[/red]")
+            return 1
+        _announce(console, settings, base, generated_token)
+        return _supervise(children, stopping, console)
+    finally:
+        _stop_all(children, console)
+        restore()
+
+
+def child_environment(
+    settings: Settings, environ: Mapping[str, str], *, host: str, port: int
+) -> tuple[dict[str, str], str | None]:
+    """The children's environment, and the admin token generated for this session (``None``
+    when one is configured). ``USP_PUBLIC_BASE_URL`` follows ``--host``/``--port`` unless set."""
+    env = dict(environ)
+    env.setdefault("PYTHONUNBUFFERED", "1")  # children's lines appear as they are written
+    generated = None
+    if settings.admin_token is None:
+        generated = secrets.token_urlsafe(32)
+        env["USP_ADMIN_TOKEN"] = generated
+    if "public_base_url" not in settings.model_fields_set:
+        env["USP_PUBLIC_BASE_URL"] = f"http://{display_host(host)}:{port}"
+    return env, generated
+
+
+def display_host(host: str) -> str:
+    """Where a browser on this machine reaches a server bound to ``host``."""
+    if host in ("0.0.0.0", "::", ""):  # noqa: S104 - comparing, not binding
+        return "127.0.0.1"
+    return f"[{host}]" if ":" in host else host
+
+
+def _prepare(settings: Settings) -> None:
+    """Migrate, make the first signing key, create the embedded broker's tables: once, here."""
+    engine = db.make_engine(settings)
+    try:
+        db.upgrade(engine)
+        with db.session(engine) as session:
+            keys.ensure_signing_key(session, settings)
+            session.commit()
+    finally:
+        engine.dispose()
+    if settings.uses_embedded_broker:
+        celery = make_celery(settings)
+        try:
+            prepare_broker(celery)
+        finally:
+            celery.close()
+
+
+def _spawn(argv: list[str], env: Mapping[str, str]) -> subprocess.Popen[bytes]:
+    # Our own interpreter and module, with arguments we built: nothing comes from a shell.
+    return subprocess.Popen(  # noqa: S603
+        argv,
+        env=dict(env),
+        start_new_session=True,
+        # Safe here: `up` has started no threads of its own when it spawns.
+        preexec_fn=_die_with_parent if sys.platform == "linux" else None,
+    )
+
+
+def _die_with_parent() -> None:
+    """In the child, before exec: ask Linux for SIGTERM when the parent dies (no orphans)."""
+    libc_name = ctypes.util.find_library("c")
+    if libc_name is None:
+        return
+    ctypes.CDLL(libc_name, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+def _wait_ready(url: str, children: list[Child], stop: threading.Event) -> bool:
+    deadline = time.monotonic() + READY_TIMEOUT
+    while time.monotonic() < deadline and not stop.is_set():
+        if not all(child.alive() for child in children):
+            return False
+        try:
+            if httpx.get(url, timeout=1.0).status_code == 200:
+                return True
+        except httpx.HTTPError:
+            pass
+        stop.wait(0.2)
+    return False
+
+
+def _announce(console: Console, settings: Settings, base: str, generated_token: str | None) -> None:
+    lines = [
+        "",
+        "[bold green]USP webhooks is up[/bold green]",
+        f"  API        {base}",
+        f"  JWKS       {base}{_JWKS_PATH}",
+        f"  API docs   {base}/docs",
+        f"  database   {_masked(settings.database_url)}",
+        f"  broker     {_masked(settings.broker_url_resolved)}",
+    ]
+    if generated_token is not None:
+        lines += [
+            f"  admin token (this session only): [bold]{generated_token}[/bold]",
+            "    send it as 'Authorization: Bearer <token>'; set USP_ADMIN_TOKEN for a lasting one",
+        ]
+    else:
+        lines.append("  admin token: the configured USP_ADMIN_TOKEN")
+    lines += ["Ctrl-C stops everything.", ""]
+    for line in lines:
+        # Never wrapped: a token or URL cut in two cannot be copied.
+        console.print(line, soft_wrap=True)
+
+
+def _supervise(children: list[Child], stop: threading.Event, console: Console) -> int:
+    while not stop.wait(0.5):
+        for child in children:
+            if not child.alive():
+                console.print(
+                    f"[red]{child.name} exited (code {child.process.returncode}); stopping the others[/red]"
+                )
+                return 1
+    return 0
+
+
+def _stop_all(children: list[Child], console: Console) -> None:
+    live = [child for child in children if child.alive()]
+    if live:
+        console.print(f"stopping {', '.join(child.name for child in live)}…")
+    for child in live:
+        child.process.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + STOP_TIMEOUT
+    for child in live:
+        try:
+            child.process.wait(max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            console.print(f"[yellow]{child.name} did not stop in {STOP_TIMEOUT:.0f} s; killing it[/yellow]")
+            child.process.kill()
+            child.process.wait()
+
+
+def _stop_on_signals(stop: threading.Event) -> Callable[[], None]:
+    def handle(_signum: int, _frame: FrameType | None) -> None:
+        stop.set()
+
+    previous = {sig: signal.signal(sig, handle) for sig in (signal.SIGINT, signal.SIGTERM)}
+
+    def restore() -> None:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+    return restore
+
+
+def _nothing() -> None:
+    return None
+
+
+def _without(env: Mapping[str, str], name: str) -> dict[str, str]:
+    return {k: v for k, v in env.items() if k != name}
+
+
+def _masked(url: str) -> str:
+    return str(maybe_sanitize_url(url))

@@ -1,0 +1,187 @@
+"""``usp-webhooks up``, the whole service as three real processes, with no settings at all.
+
+The command runs in an empty folder with no ``USP_*`` variable but one (loopback targets allowed,
+because the test's receiver is on 127.0.0.1): SQLite database and embedded broker appear there.
+A subscription and an event go in through the HTTP API with the admin token ``up`` printed, and
+the event must reach a receiver that verifies it against the JWKS the API publishes. SIGTERM
+then stops every child: no process is left running in the folder.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from pydantic import SecretStr
+
+from usp_dispatcher.supervisor import child_environment, display_host
+from usp_receiver import JWKS, ReceivedWebhook, Verifier, WebhookReceiver
+from usp_receiver.asgi import WebhookApp
+from usp_workers.settings import Settings
+
+from .conftest import Serve
+from .support import event
+
+UP_TIMEOUT = 90.0
+TOKEN_LINE = re.compile(r"admin token \(this session only\): (\S+)")
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def _processes_in(folder: Path) -> list[int]:
+    """Pids of processes whose working directory is ``folder`` (``up`` and its children)."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if Path(os.readlink(entry / "cwd")) == folder:
+                pids.append(int(entry.name))
+        except OSError:
+            continue  # gone, or not ours to inspect
+    return pids
+
+
+class Up:
+    """``python -m usp_dispatcher.cli up`` in ``folder``, its output in a file."""
+
+    def __init__(self, folder: Path, port: int) -> None:
+        self.folder = folder
+        self.log_path = folder.parent / f"{folder.name}-up.log"
+        env = {k: v for k, v in os.environ.items() if not k.startswith("USP_")}
+        env["USP_ALLOW_PRIVATE_TARGETS"] = "true"
+        env["PYTHONUNBUFFERED"] = "1"
+        self._log = self.log_path.open("wb")
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "usp_dispatcher.cli", "up", "--port", str(port)],
+            cwd=folder,
+            env=env,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+    def output(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def wait_for(self, text: str, timeout: float = UP_TIMEOUT) -> str:
+        deadline = time.monotonic() + timeout
+        while text not in (output := self.output()):
+            if self.process.poll() is not None:
+                pytest.fail(f"`up` exited with {self.process.returncode}:\n{output}")
+            if time.monotonic() > deadline:
+                pytest.fail(f"no {text!r} from `up` within {timeout} s:\n{output}")
+            time.sleep(0.1)
+        return output
+
+    def close(self) -> None:
+        """Stop ``up`` if it still runs, then anything left in its folder (by pid)."""
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(40)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(10)
+        for pid in _processes_in(self.folder):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        self._log.close()
+
+
+@pytest.fixture
+def up(tmp_path: Path) -> Iterator[Up]:
+    folder = tmp_path / "service"
+    folder.mkdir()
+    process = Up(folder, _free_port())
+    try:
+        yield process
+    finally:
+        process.close()
+        print(f"----- up's output -----\n{process.output()}")
+
+
+def test_up_runs_the_whole_service_with_no_settings(up: Up, serve: Serve) -> None:
+    output = up.wait_for("Ctrl-C stops everything.")
+    base = re.search(r"API\s+(http://\S+)", output)
+    token_match = TOKEN_LINE.search(output)
+    assert base is not None, output
+    assert token_match is not None, output
+    api, token = base.group(1), token_match.group(1)
+    admin = {"Authorization": f"Bearer {token}"}
+    assert {p.name for p in up.folder.iterdir()} >= {"usp-webhooks.sqlite3", "usp-webhooks-broker.sqlite3"}
+
+    jwks = JWKS.from_dict(httpx.get(f"{api}/.well-known/usp/jwks.json", timeout=10).json())
+    handled: list[str] = []
+    arrived = threading.Event()
+
+    def handle(hook: ReceivedWebhook) -> None:
+        handled.append(hook.event.event_id)
+        arrived.set()
+
+    receiver = serve(WebhookApp(WebhookReceiver(Verifier(jwks), handle)))
+    with httpx.Client(base_url=api, timeout=10) as client:
+        assert client.post("/events", json=event("booking.confirmed")).status_code == 401
+        created = client.post(
+            "/services/feed/subscriptions", json={"url": receiver + "/hooks"}, headers=admin
+        )
+        assert created.status_code == 201, created.text
+        body = event("booking.confirmed")
+        posted = client.post("/events", json=body, headers=admin)
+        assert posted.status_code == 202, posted.text
+
+    assert arrived.wait(30), f"the event never arrived:\n{up.output()}"
+    assert handled == [body["event_id"]]
+
+    up.process.send_signal(signal.SIGTERM)
+    assert up.process.wait(40) == 0, up.output()
+    deadline = time.monotonic() + 10
+    while _processes_in(up.folder):
+        assert time.monotonic() < deadline, f"left running: {_processes_in(up.folder)}"
+        time.sleep(0.1)
+    assert up.output().count(token) == 1, "the session's admin token is printed once, and only once"
+
+
+# -- the children's environment ------------------------------------------------------------------------
+
+
+def test_a_token_is_generated_only_when_none_is_configured() -> None:
+    unset = Settings(_env_file=None)
+    env, token = child_environment(unset, {"PATH": "/bin"}, host="127.0.0.1", port=9000)
+    assert token is not None
+    assert len(token) >= 40
+    assert env["USP_ADMIN_TOKEN"] == token
+    assert env["USP_PUBLIC_BASE_URL"] == "http://127.0.0.1:9000"
+    assert env["PATH"] == "/bin"
+
+    configured = Settings(
+        _env_file=None, admin_token=SecretStr("s3cret"), public_base_url="https://x.example"
+    )
+    env, token = child_environment(configured, {"USP_ADMIN_TOKEN": "s3cret"}, host="0.0.0.0", port=9000)
+    assert token is None
+    assert env["USP_ADMIN_TOKEN"] == "s3cret"
+    assert "USP_PUBLIC_BASE_URL" not in env, "a configured public URL is left alone"
+
+
+@pytest.mark.parametrize(
+    ("host", "shown"),
+    [("0.0.0.0", "127.0.0.1"), ("::", "127.0.0.1"), ("10.0.0.5", "10.0.0.5"), ("::1", "[::1]")],
+)
+def test_display_host(host: str, shown: str) -> None:
+    assert display_host(host) == shown

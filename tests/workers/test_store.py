@@ -1,0 +1,77 @@
+"""Claiming and recording, without the network: the races the conditional updates exist to win."""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from datetime import timedelta
+
+from sqlalchemy.engine import Engine
+
+from usp_workers.models import DeliveryStatus, utcnow
+from usp_workers.store import Claimed, DeliveryUpdate, claim, record
+
+from .support import add_subscription, delivery, emit_event
+
+
+def test_racing_threads_claim_each_delivery_exactly_once(database: Engine) -> None:
+    add_subscription(database, "http://127.0.0.1:9/a")
+    add_subscription(database, "http://127.0.0.1:9/b")
+    ids = [i for _ in range(50) for i in emit_event(database)[1]]
+    start = threading.Barrier(8)
+    claimed: list[Claimed] = []
+    lock = threading.Lock()
+
+    def worker(n: int) -> None:
+        order = ids[n * 7 :] + ids[: n * 7]
+        start.wait()
+        now = utcnow()
+        mine = claim(database, order, now=now, lease_until=now + timedelta(seconds=30))
+        with lock:
+            claimed.extend(mine)
+
+    threads = [threading.Thread(target=worker, args=(n,)) for n in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+
+    counts = Counter(c.id for c in claimed)
+    assert sorted(counts) == sorted(ids)
+    assert set(counts.values()) == {1}
+
+
+def test_only_due_pending_or_expired_in_flight_deliveries_are_claimed(database: Engine) -> None:
+    add_subscription(database, "http://127.0.0.1:9/a")
+    ids = [emit_event(database)[1][0] for _ in range(3)]
+    now = utcnow()
+    lease = now + timedelta(seconds=30)
+
+    assert [c.id for c in claim(database, ids[:1], now=now, lease_until=lease)] == ids[:1]
+    assert claim(database, ids[:1], now=now + timedelta(seconds=29), lease_until=lease) == []  # held
+    later = now + timedelta(seconds=31)
+    [taken] = claim(database, ids[:1], now=later, lease_until=later + timedelta(seconds=30))
+    assert taken.id == ids[0]  # the lease expired: its worker is presumed gone
+    assert claim(database, ids[1:], now=now - timedelta(seconds=5), lease_until=lease) == []  # not due
+    assert claim(database, [], now=now, lease_until=lease) == []
+
+
+def test_record_is_fenced_by_the_lease(database: Engine) -> None:
+    add_subscription(database, "http://127.0.0.1:9/a")
+    [delivery_id] = emit_event(database)[1]
+    now = utcnow()
+    old_lease = now + timedelta(seconds=30)
+    claim(database, [delivery_id], now=now, lease_until=old_lease)
+    later = now + timedelta(seconds=31)
+    new_lease = later + timedelta(seconds=30)
+    claim(database, [delivery_id], now=later, lease_until=new_lease)
+
+    stale = DeliveryUpdate(delivery_id, DeliveryStatus.DEAD, tried=True, last_error="stale")
+    assert record(database, attempts=[], updates=[stale], lease_until=old_lease, now=later) == set()
+    row = delivery(database, delivery_id)
+    assert (row.status, row.attempt_count, row.lease_until) == (DeliveryStatus.IN_FLIGHT, 0, new_lease)
+
+    fresh = DeliveryUpdate(delivery_id, DeliveryStatus.SUCCEEDED, tried=True)
+    assert record(database, attempts=[], updates=[fresh], lease_until=new_lease, now=later) == {delivery_id}
+    row = delivery(database, delivery_id)
+    assert (row.status, row.attempt_count, row.lease_until) == (DeliveryStatus.SUCCEEDED, 1, None)

@@ -1,0 +1,136 @@
+"""The hand-off to the broker: batching, the outbox enqueuer, and a broker that is down.
+
+The embedded broker (a SQLite file in the test's folder) stands in for any broker here: what is
+checked is what gets published, read back from its message table.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+import socket
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+from sqlalchemy.engine import Engine
+
+from usp_workers import tasks
+from usp_workers.celery_app import DELIVER_TASK, QUEUE, make_celery, redis_visibility_timeout
+from usp_workers.embedded_broker import celery_broker, make_broker_engine
+from usp_workers.models import Delivery
+from usp_workers.settings import Settings
+
+from .conftest import MakeSettings
+from .support import add_subscription, delivery, emit_event
+
+
+@pytest.fixture(autouse=True)
+def _no_enqueuer_left() -> Iterator[None]:
+    yield
+    tasks.uninstall_enqueuer()
+
+
+def published(broker_url: str) -> list[dict[str, Any]]:
+    """The messages in an embedded broker, oldest first: their headers and decoded arguments."""
+    engine = make_broker_engine(broker_url)
+    try:
+        with engine.connect() as connection:
+            payloads = connection.execute(sa.text("SELECT payload FROM kombu_message ORDER BY id")).scalars()
+            messages = [json.loads(p) for p in payloads]
+    finally:
+        engine.dispose()
+    for message in messages:
+        message["args"] = json.loads(base64.b64decode(message["body"]))[0]
+    return messages
+
+
+def test_ids_are_sent_in_batches_of_batch_size(make_settings: MakeSettings, tmp_path: Path) -> None:
+    broker = f"sqla+sqlite:///{tmp_path / 'broker.sqlite3'}"
+    celery = make_celery(make_settings(broker_url=broker, batch_size=50))
+    ids = [f"dlv_{n:03}" for n in range(120)]
+    try:
+        assert tasks.enqueue_deliveries(ids, app=celery) == 3
+    finally:
+        celery.close()
+
+    messages = published(broker)
+    assert [m["headers"]["task"] for m in messages] == [DELIVER_TASK] * 3
+    assert [m["properties"]["delivery_info"]["routing_key"] for m in messages] == [QUEUE] * 3
+    assert [m["args"] for m in messages] == [[ids[:50]], [ids[50:100]], [ids[100:]]]
+    assert all(m["content-type"] == "application/json" for m in messages)
+
+
+def test_emit_hands_committed_deliveries_to_the_broker(
+    database: Engine, make_settings: MakeSettings, tmp_path: Path
+) -> None:
+    broker = f"sqla+sqlite:///{tmp_path / 'broker.sqlite3'}"
+    for name in ("a", "b"):
+        add_subscription(database, f"https://{name}.example/hooks")
+    tasks.install_enqueuer(make_settings(broker_url=broker))
+
+    _, delivery_ids = emit_event(database)
+
+    [message] = published(broker)
+    assert sorted(message["args"][0]) == sorted(delivery_ids)
+
+
+def _closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+    return port  # nothing listens there once the socket is closed
+
+
+def test_a_broker_that_is_down_never_fails_the_emitting_transaction(
+    database: Engine, make_settings: MakeSettings, caplog: pytest.LogCaptureFixture
+) -> None:
+    add_subscription(database, "https://a.example/hooks")
+    tasks.install_enqueuer(make_settings(broker_url=f"redis://127.0.0.1:{_closed_port()}/0"))
+
+    started = time.monotonic()
+    with caplog.at_level(logging.ERROR, logger="usp_workers"):
+        _, [delivery_id] = emit_event(database)
+    elapsed = time.monotonic() - started
+
+    assert elapsed < 10, "the hand-off gives up quickly (the relay re-sends later)"
+    assert "broker hand-off failed" in caplog.text
+    row: Delivery = delivery(database, delivery_id)
+    assert row.enqueued_at is not None, "marked as handed off: the relay re-sends it after requeue_after"
+
+
+def test_uninstalled_enqueuer_leaves_deliveries_to_the_relay(
+    database: Engine, make_settings: MakeSettings, tmp_path: Path
+) -> None:
+    broker = f"sqla+sqlite:///{tmp_path / 'broker.sqlite3'}"
+    add_subscription(database, "https://a.example/hooks")
+    tasks.install_enqueuer(make_settings(broker_url=broker))
+    tasks.uninstall_enqueuer()
+
+    emit_event(database)
+
+    assert not (tmp_path / "broker.sqlite3").exists(), "nothing was published"
+
+
+def test_embedded_broker_is_kombus_sql_transport_without_its_url_prefix() -> None:
+    url, transport = celery_broker("sqla+sqlite:////data/usp-broker.sqlite3")
+    settings = Settings(_env_file=None, broker_url="sqla+sqlite:////data/usp-broker.sqlite3")
+    celery = make_celery(settings)
+    assert (celery.conf.broker_url, celery.conf.broker_transport) == (url, transport)
+    assert celery.conf.broker_transport_options == {}, "kombu passes SQL transport options to create_engine"
+    assert celery.conf.task_acks_late
+    assert celery.conf.task_reject_on_worker_lost
+    assert celery.conf.worker_prefetch_multiplier == 1
+    assert celery.conf.task_ignore_result
+
+
+def test_redis_visibility_timeout_outlasts_the_lease() -> None:
+    settings = Settings(_env_file=None, broker_url="redis://127.0.0.1:6379/0", lease_seconds=7200)
+    celery = make_celery(settings)
+    options = celery.conf.broker_transport_options
+    assert options["visibility_timeout"] == redis_visibility_timeout(settings) > settings.lease_seconds
+    assert redis_visibility_timeout(Settings(_env_file=None)) == 3600

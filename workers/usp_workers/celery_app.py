@@ -1,0 +1,156 @@
+"""The Celery application: one queue of delivery batches, configured for at-least-once.
+
+``celery -A usp_workers.celery_app worker`` finds :data:`app`, built from the environment
+(``USP_*``). Code that has its own :class:`~usp_workers.settings.Settings` calls
+:func:`make_celery` instead.
+
+Celery carries wake-ups, not state. A message is a list of delivery ids; the database says what
+is due (``next_attempt_at``), who holds what (``status`` + ``lease_until``) and what happened.
+So no result backend, no ETA/countdown messages (the schedule lives in the database and the
+relay enqueues what is due), and every recovery path ends in the database:
+
+* ``task_acks_late`` + ``task_reject_on_worker_lost``: a message is acknowledged only after its
+  batch ran, so a worker that dies mid-batch leaves it unacknowledged and the broker can hand it
+  out again (Redis after ``visibility_timeout``; RabbitMQ when the connection drops).
+* The database lease covers what the broker cannot (the embedded broker never redelivers, and
+  Redis only after an hour): the relay turns expired leases back into pending deliveries within
+  ``lease_seconds`` and re-sends them. A redelivered message that arrives later finds its
+  deliveries no longer pending-and-due and does nothing: claims are conditional UPDATEs.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from celery import Celery
+from celery.signals import after_setup_logger
+from kombu.entity import Queue
+
+from .embedded_broker import celery_broker
+from .settings import Settings
+
+__all__ = [
+    "DELIVER_TASK",
+    "PREFETCH_MULTIPLIER",
+    "QUEUE",
+    "app",
+    "make_celery",
+    "prepare_broker",
+    "redis_visibility_timeout",
+    "settings_of",
+]
+
+logger = logging.getLogger("usp_workers")
+
+#: The one queue every delivery batch goes through.
+QUEUE = "usp.deliveries"
+#: The task's name on the wire (``usp_workers.tasks.deliver``).
+DELIVER_TASK = "usp.deliver"
+
+#: Messages a worker reserves per execution slot. Each message is already a batch of up to
+#: ``batch_size`` deliveries, so 1 loses no throughput, and anything higher only hurts:
+#: a worker whose threads are all busy with a slow endpoint would hoard batches another worker
+#: could start now; reserved batches age in the buffer (their ``enqueued_at`` stamp passes
+#: ``requeue_after_seconds`` and the relay sends them again, which is harmless but wasted);
+#: and a worker that is killed takes more unacknowledged messages down with it.
+PREFETCH_MULTIPLIER = 1
+
+_SETTINGS_ATTRIBUTE = "usp_settings"
+
+
+def make_celery(settings: Settings) -> Celery:
+    """A Celery app for ``settings``: broker ``settings.broker_url_resolved``, JSON only, no
+    results, late acknowledgement, one queue (:data:`QUEUE`). Connects lazily (on first send)."""
+    broker_url, transport = celery_broker(settings.broker_url_resolved)
+    celery = Celery("usp_workers", include=["usp_workers.tasks"], set_as_current=False)
+    celery.conf.update(
+        broker_url=broker_url,
+        broker_transport=transport,
+        broker_transport_options=_transport_options(settings),
+        broker_connection_retry_on_startup=True,
+        # Messages are lists of ids: JSON, and nothing else is accepted (no pickle from the wire).
+        task_serializer="json",
+        accept_content=["json"],
+        # Results would be a second write per batch that nobody reads: the database has them.
+        result_backend=None,
+        task_ignore_result=True,
+        task_store_errors_even_if_ignored=False,
+        # At least once (see the module docstring).
+        task_acks_late=True,
+        task_reject_on_worker_lost=True,
+        worker_prefetch_multiplier=PREFETCH_MULTIPLIER,
+        # On a lost broker connection, let running batches finish and record their results:
+        # cancelling them would leave their deliveries in flight until their leases expire.
+        # (Setting it also silences Celery's pending-deprecation warning about the default.)
+        worker_cancel_long_running_tasks_on_connection_loss=False,
+        task_default_queue=QUEUE,
+        task_queues=(Queue(QUEUE, routing_key=QUEUE),),  # type: ignore[no-untyped-call]
+        task_routes={DELIVER_TASK: {"queue": QUEUE, "routing_key": QUEUE}},
+        task_create_missing_queues=False,
+        worker_disable_rate_limits=True,  # no rate limits are used; skip their bookkeeping
+        worker_send_task_events=False,
+        task_send_sent_event=False,
+        enable_utc=True,
+        timezone="UTC",
+    )
+    setattr(celery, _SETTINGS_ATTRIBUTE, settings)
+    return celery
+
+
+def settings_of(celery: Celery) -> Settings:
+    """The settings ``celery`` was made with (``Settings()`` from the environment for an app
+    that :func:`make_celery` did not make)."""
+    settings = getattr(celery, _SETTINGS_ATTRIBUTE, None)
+    if isinstance(settings, Settings):
+        return settings
+    settings = Settings()
+    setattr(celery, _SETTINGS_ATTRIBUTE, settings)
+    return settings
+
+
+def redis_visibility_timeout(settings: Settings) -> float:
+    """How long Redis waits before it hands an unacknowledged message to another worker.
+
+    It must exceed the longest a healthy worker holds a message, or Redis gives a running batch
+    to a second worker. A batch cannot usefully run longer than its deliveries' lease (after
+    that the relay has reclaimed them), so anything comfortably above ``lease_seconds`` is safe;
+    and it need not be short, because a dead worker's deliveries come back through the lease
+    and the relay within ``lease_seconds``, not through Redis. Hence Celery's default of an
+    hour, raised for a lease configured longer than that.
+    """
+    return max(3600.0, 4 * settings.lease_seconds)
+
+
+def prepare_broker(celery: Celery) -> None:
+    """Connect and declare :data:`QUEUE`. For the embedded broker this creates its tables once,
+    up front, instead of in several processes racing at their first message."""
+    with celery.connection_for_write() as connection:
+        connection.ensure_connection(max_retries=3)
+        celery.amqp.queues[QUEUE](connection.default_channel).declare()
+
+
+def _transport_options(settings: Settings) -> dict[str, Any]:
+    """Transport options for the configured broker. They are per transport: kombu's SQL transport
+    passes every unknown option to ``create_engine``, which refuses what it does not know."""
+    url = settings.broker_url_resolved
+    if url.startswith(("redis://", "rediss://", "redis+socket://")):
+        return {"visibility_timeout": redis_visibility_timeout(settings)}
+    return {}
+
+
+def _quiet_per_request_logs(**_: Any) -> None:
+    """Keep the worker's log to one line per batch (``usp_workers.tasks``) plus problems.
+
+    httpx logs every request at INFO with its URL, and webhook URLs may carry secrets (a token in
+    the query); Celery logs two INFO lines per task ("received", "succeeded"), which at hundreds
+    of batches a second drown everything else. Their warnings and errors still show.
+    """
+    for name in ("httpx", "httpcore", "celery.app.trace", "celery.worker.strategy"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+
+
+after_setup_logger.connect(_quiet_per_request_logs, weak=False)
+
+#: The app ``celery -A usp_workers.celery_app worker`` runs, configured from the environment.
+app: Celery = make_celery(Settings())

@@ -1,0 +1,428 @@
+"""The delivery engine: claim a batch of deliveries, try each once, record what happened.
+
+:func:`deliver_batch` is the whole engine, async and free of Celery and FastAPI: a Celery task,
+a relay loop, a test or a benchmark calls it the same way. One call:
+
+1. loads the signing keys of the moment (cached, see :mod:`usp_workers.keycache`), so a missing
+   key fails the batch *before* anything is claimed;
+2. claims the due deliveries among the ids (:func:`usp_workers.store.claim`); ids it cannot
+   claim (done, not due, held by another worker) are skipped silently;
+3. loads their events and subscriptions; a delivery whose subscription is disabled goes dead
+   without a request;
+4. checks each distinct target URL once with the SSRF guard (at delivery time: DNS may have
+   changed since registration) and pins the checked address;
+5. signs and POSTs every delivery concurrently, each signed afresh (new ``created``), at most
+   ``per_endpoint_concurrency`` at a time per endpoint in this process, each bounded by
+   ``total_timeout``; a delivery whose endpoint stays busy until a try could no longer finish
+   within the lease is deferred untried (back to pending, due now): a slow endpoint slows its
+   own deliveries, and never makes a lease expire mid-try;
+6. judges each try (:func:`usp_workers.verdict.judge`) and records all attempts and new states
+   in one transaction, fenced by the lease (:func:`usp_workers.store.record`).
+
+Database calls run in worker threads (``anyio.to_thread``): the event loop is shared by every
+batch in flight, and a blocking query would stall all of their requests.
+
+:func:`deliver_batch_sync` is the same for synchronous callers (Celery worker threads).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field, replace
+from datetime import datetime, timedelta
+from functools import partial
+from typing import Any
+
+import anyio
+import anyio.to_thread
+import httpx
+from sqlalchemy.engine import Engine
+
+from usp_receiver import SigningKey
+
+from .keycache import current_signing_keys
+from .models import AttemptOutcome, DeliveryStatus, EventRecord, Subscription, SubscriptionState, utcnow
+from .payloads import BodyCache, build_delivery_request
+from .runtime import background_runtime
+from .schedule import RetrySchedule
+from .settings import Settings
+from .ssrf import ResolvedTarget, Resolver, check_target
+from .store import AttemptRow, Claimed, DeliveryUpdate, claim, load, record
+from .transport import TryResult, endpoint_slot, refused_result, send_once
+from .verdict import Verdict, judge
+
+__all__ = ["RECORD_MARGIN", "BatchReport", "DeliveryResult", "deliver_batch", "deliver_batch_sync"]
+
+logger = logging.getLogger("usp_workers")
+
+Clock = Callable[[], datetime]
+
+#: Seconds kept in reserve at the end of a lease for recording the batch's results.
+RECORD_MARGIN = 2.0
+
+
+@dataclass(frozen=True, slots=True)
+class DeliveryResult:
+    """What happened to one claimed delivery in this batch."""
+
+    delivery_id: str
+    outcome: AttemptOutcome
+    status: DeliveryStatus  #: the state written (or that would have been, when not ``applied``)
+    attempt_number: int | None  #: ``None``: no try was made (subscription disabled)
+    status_code: int | None = None
+    error_class: str | None = None
+    next_attempt_at: datetime | None = None
+    duration_ms: float | None = None
+    #: False when our lease had expired and another worker had taken the delivery over: the
+    #: attempt was recorded, the delivery's state was left to the newer owner.
+    applied: bool = True
+
+
+@dataclass(slots=True)
+class BatchReport:
+    """The outcome of one :func:`deliver_batch` call, for callers, tests and benchmarks."""
+
+    requested: int
+    claimed: int = 0
+    results: list[DeliveryResult] = field(default_factory=list)
+
+    @property
+    def skipped(self) -> int:
+        """Ids not claimed: already done, not yet due, or held by another worker."""
+        return self.requested - self.claimed
+
+    @property
+    def counts(self) -> Counter[AttemptOutcome]:
+        return Counter(result.outcome for result in self.results)
+
+    @property
+    def succeeded(self) -> int:
+        return self.counts[AttemptOutcome.SUCCEEDED]
+
+    @property
+    def retrying(self) -> int:
+        return self.counts[AttemptOutcome.RETRY]
+
+    @property
+    def dead(self) -> int:
+        return self.counts[AttemptOutcome.DEAD]
+
+    @property
+    def disabled(self) -> int:
+        return self.counts[AttemptOutcome.DISABLED]
+
+    @property
+    def deferred(self) -> int:
+        """Deliveries not tried because their endpoint stayed busy (back to pending, due now)."""
+        return sum(result.error_class == "endpoint_busy" for result in self.results)
+
+    @property
+    def stale(self) -> int:
+        """Results whose state update lost to a newer owner (see :attr:`DeliveryResult.applied`)."""
+        return sum(not result.applied for result in self.results)
+
+    def result(self, delivery_id: str) -> DeliveryResult:
+        """The result for ``delivery_id`` (``KeyError`` when it was not claimed)."""
+        for result in self.results:
+            if result.delivery_id == delivery_id:
+                return result
+        raise KeyError(delivery_id)
+
+
+async def deliver_batch(
+    engine: Engine,
+    settings: Settings,
+    delivery_ids: Sequence[str],
+    *,
+    client: httpx.AsyncClient,
+    resolver: Resolver | None = None,
+    now: Clock = utcnow,
+    schedule: RetrySchedule | None = None,
+) -> BatchReport:
+    """Try each due delivery among ``delivery_ids`` once, and record the results.
+
+    ``client`` is the process's shared client (:func:`usp_workers.transport.make_client`): built
+    once and reused so connections are pooled. ``resolver`` replaces DNS for the SSRF check
+    (tests); ``now`` is the clock; ``schedule`` defaults to the one ``settings`` configure.
+    Raises :class:`~usp_workers.keycache.NoSigningKey` (before claiming anything) when no key
+    signs now; database errors propagate (claimed deliveries then come back when their lease
+    expires).
+    """
+    ids = list(dict.fromkeys(delivery_ids))
+    report = BatchReport(requested=len(ids))
+    if not ids:
+        return report
+    if settings.lease_seconds < settings.total_timeout + RECORD_MARGIN:
+        logger.warning(
+            "lease_seconds (%s) < total_timeout (%s) + %s s: a try that waits for a busy endpoint "
+            "is always deferred",
+            settings.lease_seconds,
+            settings.total_timeout,
+            RECORD_MARGIN,
+        )
+    keys = await anyio.to_thread.run_sync(partial(current_signing_keys, engine, settings, now=now()))
+    claimed_at = now()
+    lease_until = claimed_at + timedelta(seconds=settings.lease_seconds)
+    claimed = await anyio.to_thread.run_sync(
+        partial(claim, engine, ids, now=claimed_at, lease_until=lease_until)
+    )
+    report.claimed = len(claimed)
+    if not claimed:
+        return report
+    events, subscriptions = await anyio.to_thread.run_sync(load, engine, claimed)
+    batch = _Batch(
+        settings=settings,
+        client=client,
+        keys=keys,
+        now=now,
+        lease_until=lease_until,
+        schedule=schedule or RetrySchedule.from_settings(settings),
+        events=events,
+        subscriptions=subscriptions,
+    )
+    await batch.run(claimed, resolver)
+    recorded_at = now()
+    applied = await anyio.to_thread.run_sync(
+        partial(
+            record,
+            engine,
+            attempts=batch.attempts,
+            updates=batch.updates,
+            lease_until=lease_until,
+            now=recorded_at,
+        )
+    )
+    report.results = [_applied(result, result.delivery_id in applied) for result in batch.results]
+    if report.stale:
+        logger.warning("%d deliveries were taken over after their lease expired", report.stale)
+    return report
+
+
+def deliver_batch_sync(
+    engine: Engine, settings: Settings, delivery_ids: Sequence[str], **kw: Any
+) -> BatchReport:
+    """:func:`deliver_batch` for synchronous callers (Celery worker threads, scripts).
+
+    The coroutine runs on the process's one background event loop, with its one shared
+    ``AsyncClient`` (unless ``client=`` is given), both created on first use and re-created in
+    a forked child (:mod:`usp_workers.runtime`). Why not ``anyio.run`` per call: a new loop per
+    task costs a loop's setup, and a new ``httpx`` client costs ~38 ms and throws the connection
+    pool away, which at hundreds of batches a second is most of the budget. Thread-safe: many
+    threads may call this at once; their batches interleave on the shared loop.
+    """
+    runtime = background_runtime(settings)
+    kw.setdefault("client", runtime.client)
+    return runtime.run(deliver_batch(engine, settings, delivery_ids, **kw))
+
+
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Batch:
+    """The per-batch state: what to send with, and what happened (attempts, updates, results)."""
+
+    settings: Settings
+    client: httpx.AsyncClient
+    keys: Sequence[SigningKey]
+    now: Clock
+    lease_until: datetime
+    schedule: RetrySchedule
+    events: dict[str, EventRecord]
+    subscriptions: dict[str, Subscription]
+    bodies: BodyCache = field(default_factory=dict)
+    attempts: list[AttemptRow] = field(default_factory=list)
+    updates: list[DeliveryUpdate] = field(default_factory=list)
+    results: list[DeliveryResult] = field(default_factory=list)
+
+    async def run(self, claimed: Iterable[Claimed], resolver: Resolver | None) -> None:
+        sendable: list[tuple[Claimed, EventRecord, Subscription]] = []
+        for delivery in claimed:
+            event = self.events.get(delivery.event_id)
+            subscription = self.subscriptions.get(delivery.subscription_id)
+            if event is None or subscription is None:
+                self._give_up(delivery, "event or subscription missing")
+            elif subscription.state != SubscriptionState.ACTIVE:
+                self._give_up(delivery, "subscription disabled")
+            else:
+                sendable.append((delivery, event, subscription))
+        targets = await _check_targets({sub.url for _, _, sub in sendable}, self.settings, resolver)
+        async with anyio.create_task_group() as group:
+            for delivery, event, subscription in sendable:
+                group.start_soon(self._try, delivery, event, subscription, targets[subscription.url])
+
+    async def _try(
+        self,
+        delivery: Claimed,
+        event: EventRecord,
+        subscription: Subscription,
+        target: ResolvedTarget | Exception,
+    ) -> None:
+        if isinstance(target, Exception):
+            self._conclude(delivery, subscription, refused_result(target, self.now()))
+            return
+        slot = endpoint_slot(target, self.settings.per_endpoint_concurrency)
+        if not await self._wait_for(slot):
+            self._defer(delivery)
+            return
+        try:
+            result = await self._send(delivery, event, subscription, target)
+        finally:
+            slot.release()
+        self._conclude(delivery, subscription, result)
+
+    async def _wait_for(self, slot: anyio.Semaphore) -> bool:
+        """Take an endpoint slot, but only while a try started now still ends (``total_timeout``)
+        and is recorded (:data:`RECORD_MARGIN`) within our lease. Waiting longer would let the
+        lease expire mid-try, and another worker would send the same delivery again."""
+        try:
+            slot.acquire_nowait()
+            return True
+        except anyio.WouldBlock:
+            pass
+        budget = (self.lease_until - self.now()).total_seconds()
+        budget -= self.settings.total_timeout + RECORD_MARGIN
+        with anyio.move_on_after(max(budget, 0.0)):
+            await slot.acquire()
+            return True
+        return False
+
+    async def _send(
+        self, delivery: Claimed, event: EventRecord, subscription: Subscription, target: ResolvedTarget
+    ) -> TryResult:
+        try:
+            body, headers = build_delivery_request(
+                event,
+                subscription,
+                self.keys,
+                created=int(self.now().timestamp()),
+                delivery_id=delivery.id,
+                bodies=self.bodies,
+            )
+        except Exception as exc:
+            logger.exception("could not build delivery %s", delivery.id)
+            return refused_result(exc, self.now())
+        return await send_once(self.client, target, body, headers, self.settings, now=self.now)
+
+    def _conclude(self, delivery: Claimed, subscription: Subscription, result: TryResult) -> None:
+        number = delivery.attempt_count + 1
+        verdict = judge(result, number, self.schedule)
+        finished = self.now()
+        next_at = None if verdict.delay is None else finished + timedelta(seconds=verdict.delay)
+        self.attempts.append(
+            AttemptRow(
+                delivery_id=delivery.id,
+                attempt_number=number,
+                started_at=result.started_at,
+                duration_ms=round(result.duration_ms, 3),
+                status_code=result.status_code,
+                response_excerpt=result.response_excerpt,
+                error_class=verdict.error_class,
+                outcome=verdict.outcome.value,
+            )
+        )
+        self.updates.append(
+            DeliveryUpdate(
+                delivery_id=delivery.id,
+                status=verdict.status,
+                tried=True,
+                next_attempt_at=next_at,
+                last_status_code=result.status_code,
+                last_error=verdict.last_error,
+                disable_subscription=_disable(verdict, subscription),
+            )
+        )
+        self.results.append(
+            DeliveryResult(
+                delivery_id=delivery.id,
+                outcome=verdict.outcome,
+                status=verdict.status,
+                attempt_number=number,
+                status_code=result.status_code,
+                error_class=verdict.error_class,
+                next_attempt_at=next_at,
+                duration_ms=result.duration_ms,
+            )
+        )
+
+    def _defer(self, delivery: Claimed) -> None:
+        """Not tried: the endpoint stayed busy past our time budget. Back to pending, due now
+        (the relay re-sends it); no Attempt, ``attempt_count`` unchanged."""
+        self.updates.append(
+            DeliveryUpdate(
+                delivery_id=delivery.id,
+                status=DeliveryStatus.PENDING,
+                tried=False,
+                deferred=True,
+                next_attempt_at=self.now(),
+            )
+        )
+        self.results.append(
+            DeliveryResult(
+                delivery_id=delivery.id,
+                outcome=AttemptOutcome.RETRY,
+                status=DeliveryStatus.PENDING,
+                attempt_number=None,
+                error_class="endpoint_busy",
+            )
+        )
+
+    def _give_up(self, delivery: Claimed, reason: str) -> None:
+        """Dead without a try: no Attempt row, ``attempt_count`` unchanged."""
+        self.updates.append(
+            DeliveryUpdate(
+                delivery_id=delivery.id,
+                status=DeliveryStatus.DEAD,
+                tried=False,
+                last_error=reason,
+            )
+        )
+        self.results.append(
+            DeliveryResult(
+                delivery_id=delivery.id,
+                outcome=AttemptOutcome.DEAD,
+                status=DeliveryStatus.DEAD,
+                attempt_number=None,
+                error_class=reason.replace(" ", "_"),
+            )
+        )
+
+
+async def _check_targets(
+    urls: Iterable[str], settings: Settings, resolver: Resolver | None
+) -> dict[str, ResolvedTarget | Exception]:
+    """Each distinct URL checked once, concurrently: a batch often holds many deliveries to one
+    endpoint, and one DNS answer serves them all."""
+    checked: dict[str, ResolvedTarget | Exception] = {}
+
+    async def check(url: str) -> None:
+        try:
+            checked[url] = await check_target(url, settings, resolver=resolver)
+        except Exception as exc:  # TargetRefused, or a resolver's bug: the try fails, not the batch
+            checked[url] = exc
+
+    async with anyio.create_task_group() as group:
+        for url in urls:
+            group.start_soon(check, url)
+    return checked
+
+
+def _disable(verdict: Verdict, subscription: Subscription) -> tuple[str, str] | None:
+    if not verdict.disables_subscription:
+        return None
+    return subscription.id, f"410 Gone from {_redacted(subscription.url)}"
+
+
+def _redacted(url: str) -> str:
+    """The URL without query, fragment or credentials: those may hold secrets."""
+    try:
+        parsed = httpx.URL(url)
+    except (httpx.InvalidURL, TypeError, ValueError):
+        return "the subscription URL"
+    return str(parsed.copy_with(query=None, fragment=None, username=None, password=None))
+
+
+def _applied(result: DeliveryResult, applied: bool) -> DeliveryResult:
+    return result if applied else replace(result, applied=False)

@@ -1,0 +1,161 @@
+"""The embedded broker: kombu's SQLAlchemy transport on a SQLite file, made fit for several processes.
+
+With no ``USP_BROKER_URL`` the service needs no Redis: Celery's messages go through a SQLite file
+beside the database (``sqla+sqlite:///…-broker.sqlite3``), and the API, the scheduler and every
+worker process open that file. kombu's transport works across processes (~250 tasks/s here) but
+has three gaps this module closes:
+
+* **Polling.** An idle consumer polls every ``polling_interval`` (1 s by default: up to a second
+  of added latency per hand-off). kombu reads the option from the transport options, and then
+  passes every option it does not know to ``create_engine``, which refuses ``polling_interval``.
+  :class:`EmbeddedTransport` sets the interval on the class instead (0.1 s) and drops the option
+  before the engine is built.
+* **Concurrency.** Every poll takes SQLite's write lock (``BEGIN IMMEDIATE``). The transport's
+  engine gets WAL (readers never wait for the writer) and a busy timeout (writers queue instead of
+  failing with "database is locked" when the API, the relay and a worker meet).
+* **Growth.** A fetched message is only marked ``visible = false``, never deleted, so the file
+  grows forever. :func:`prune_consumed` deletes consumed rows (the relay calls it every pass).
+
+What it cannot do: restore a killed worker's messages (a fetched row is never shown again). The
+database's leases cover that: the relay re-sends whatever a dead worker held
+(:mod:`usp_workers.relay`).
+
+Celery gets the transport by class path (``broker_transport``) and the URL without its ``sqla+``
+prefix: kombu refuses import paths that come from URLs, and takes them from that setting.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+from typing import Any
+
+import sqlalchemy as sa
+from kombu.transport import sqlalchemy as kombu_sqla
+from sqlalchemy.engine import Engine
+
+__all__ = [
+    "EMBEDDED_POLLING_INTERVAL",
+    "TRANSPORT_PATH",
+    "EmbeddedTransport",
+    "celery_broker",
+    "make_broker_engine",
+    "prune_consumed",
+]
+
+logger = logging.getLogger("usp_workers")
+
+#: Seconds an idle consumer waits between polls of the embedded broker.
+EMBEDDED_POLLING_INTERVAL = 0.1
+#: How Celery finds :class:`EmbeddedTransport` (the ``broker_transport`` setting).
+TRANSPORT_PATH = "usp_workers.embedded_broker:EmbeddedTransport"
+_PREFIXES = ("sqla+", "sqlalchemy+")
+_MESSAGE_TABLE = "kombu_message"
+
+
+class _EmbeddedChannel(kombu_sqla.Channel):
+    """kombu's channel, with an engine tuned for several processes on one SQLite file."""
+
+    def _engine_from_config(self) -> Engine:
+        options = self.connection.client.transport_options
+        # kombu hands every unknown option to create_engine; polling_interval is ours, not its.
+        options.pop("polling_interval", None)
+        engine: Engine = super()._engine_from_config()  # type: ignore[no-untyped-call]
+        if engine.dialect.name == "sqlite":
+            sa.event.listen(engine, "connect", _sqlite_pragmas)
+        return engine
+
+
+class EmbeddedTransport(kombu_sqla.Transport):
+    """kombu's SQLAlchemy transport, polling every :data:`EMBEDDED_POLLING_INTERVAL` seconds."""
+
+    Channel = _EmbeddedChannel
+    polling_interval = EMBEDDED_POLLING_INTERVAL
+
+
+def is_sql_broker(url: str) -> bool:
+    """Whether ``url`` names kombu's SQLAlchemy transport (``sqla+…`` or ``sqlalchemy+…``)."""
+    return url.startswith(_PREFIXES)
+
+
+def celery_broker(url: str) -> tuple[str, str | None]:
+    """The ``(broker_url, broker_transport)`` Celery gets for ``url``: a SQL broker URL loses its
+    prefix and names :class:`EmbeddedTransport`; any other URL is passed through unchanged.
+
+    >>> celery_broker("sqla+sqlite:///b.sqlite3")
+    ('sqlite:///b.sqlite3', 'usp_workers.embedded_broker:EmbeddedTransport')
+    >>> celery_broker("redis://127.0.0.1:6379/0")
+    ('redis://127.0.0.1:6379/0', None)
+    """
+    for prefix in _PREFIXES:
+        if url.startswith(prefix):
+            return url.removeprefix(prefix), TRANSPORT_PATH
+    return url, None
+
+
+def make_broker_engine(url: str) -> Engine:
+    """An engine on a SQL broker's database (for pruning), with the transport's SQLite tuning."""
+    target, _ = celery_broker(url)
+    if target.startswith("sqlite"):
+        engine = sa.create_engine(target, connect_args={"check_same_thread": False, "timeout": 30})
+        sa.event.listen(engine, "connect", _sqlite_pragmas)
+        return engine
+    return sa.create_engine(target, pool_pre_ping=True, pool_size=2)
+
+
+_metadata = sa.MetaData()
+#: The columns of kombu's message table that pruning needs (kombu declares the full table).
+_messages = sa.Table(
+    _MESSAGE_TABLE,
+    _metadata,
+    sa.Column("id", sa.Integer, primary_key=True),
+    sa.Column("visible", sa.Boolean),
+    # kombu stamps it with naive local time (datetime.now) when a consumer fetches the row.
+    sa.Column("timestamp", sa.DateTime),
+)
+
+
+def prune_consumed(
+    engine: Engine,
+    *,
+    older_than: dt.timedelta = dt.timedelta(minutes=1),
+    now: dt.datetime | None = None,
+    chunk: int = 500,
+    max_chunks: int = 40,
+) -> int:
+    """Delete messages consumers fetched more than ``older_than`` ago; return how many.
+
+    Deleting them loses nothing: kombu never shows a fetched row again (it restores unacked
+    messages by publishing new rows). The minute of grace keeps rows of the moment for anyone
+    inspecting the file. Deletes go in transactions of ``chunk`` rows, because each holds the
+    file's write lock, which every consumer's next poll needs; at most ``max_chunks`` per call,
+    so one pass stays short and the next pass continues.
+    """
+    if not sa.inspect(engine).has_table(_MESSAGE_TABLE):
+        return 0  # no consumer or producer has opened the broker yet
+    moment = now if now is not None else dt.datetime.now(dt.UTC)
+    # kombu's timestamps are naive local time: compare in the same terms.
+    cutoff = (moment - older_than).astimezone().replace(tzinfo=None)
+    consumed = (
+        sa.select(_messages.c.id)
+        .where(_messages.c.visible == sa.false(), _messages.c.timestamp < cutoff)
+        .limit(chunk)
+    )
+    total = 0
+    for _ in range(max_chunks):
+        with engine.begin() as connection:
+            deleted = connection.execute(
+                sa.delete(_messages).where(_messages.c.id.in_(consumed.scalar_subquery()))
+            )
+        total += deleted.rowcount
+        if deleted.rowcount < chunk:
+            break
+    return total
+
+
+def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
+    cursor = dbapi_connection.cursor()
+    cursor.execute("PRAGMA journal_mode=WAL")
+    cursor.execute("PRAGMA synchronous=NORMAL")
+    cursor.execute("PRAGMA busy_timeout=30000")
+    cursor.close()

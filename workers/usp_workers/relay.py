@@ -1,0 +1,334 @@
+"""The scheduler: one loop that turns the database's schedule into broker messages.
+
+The schedule lives in the database (``next_attempt_at``), not in Celery ETA messages: an ETA
+message sits in a worker's memory for hours, is lost with it, and cannot be inspected, moved or
+cancelled. Instead, every ``relay_interval_seconds`` :func:`relay_once`:
+
+1. **reclaims expired leases**: an ``in_flight`` delivery whose ``lease_until`` has passed lost
+   its worker (killed, out of memory, partitioned), so it becomes ``pending`` again, due at once.
+   ``attempt_count`` is left alone: the attempt never finished, so it is not counted.
+2. **enqueues due deliveries**: ``pending``, ``next_attempt_at`` passed, and either never handed
+   to the broker (``enqueued_at`` null: a retry, a reclaimed lease) or handed over more than
+   ``requeue_after_seconds`` ago and still pending (the message was lost: a crash between commit
+   and hand-off, a flushed Redis, a dead worker's prefetched message). They are *marked* first,
+   with one conditional ``UPDATE … RETURNING`` (``FOR UPDATE SKIP LOCKED`` on PostgreSQL), so
+   two relays running at once each send a disjoint set; then sent in batches.
+3. **prunes the embedded broker**, whose consumed messages are never deleted by kombu.
+
+Running two relays is safe (step 2), and running none only delays: emit hands fresh deliveries
+to the broker itself, the relay catches up everything else when it comes back.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+import time
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from types import FrameType
+
+import sqlalchemy as sa
+from kombu.utils.url import maybe_sanitize_url
+from sqlalchemy.engine import Engine
+from sqlmodel import SQLModel
+
+from .db import make_engine
+from .embedded_broker import make_broker_engine, prune_consumed
+from .models import Delivery, DeliveryStatus, utcnow
+from .outbox import Enqueue
+from .settings import Settings
+
+__all__ = [
+    "MAX_ROUNDS",
+    "RELAY_LIMIT",
+    "RelayReport",
+    "endpoint_batch_size",
+    "mark_due",
+    "plan_batches",
+    "reclaim_expired_leases",
+    "relay_once",
+    "run_relay",
+]
+
+logger = logging.getLogger("usp_workers")
+
+#: Deliveries marked per round; a full round is followed by another, up to :data:`MAX_ROUNDS`.
+RELAY_LIMIT = 5000
+#: Rounds per pass: a huge backlog is worked off over several passes, so lease reclaiming and
+#: pruning keep their rhythm.
+MAX_ROUNDS = 20
+
+_deliveries: sa.Table = SQLModel.metadata.tables[Delivery.__tablename__]
+
+
+@dataclass(frozen=True, slots=True)
+class RelayReport:
+    """What one :func:`relay_once` pass did."""
+
+    reclaimed: int = 0  #: expired leases turned back into pending deliveries
+    enqueued: int = 0  #: deliveries sent to the broker
+    batches: int = 0  #: tasks sent
+    failed: int = 0  #: deliveries marked but not sent (broker error); re-sent after requeue_after
+    pruned: int = 0  #: consumed embedded-broker messages deleted
+
+    @property
+    def busy(self) -> bool:
+        """Whether the pass did anything worth a log line."""
+        return bool(self.reclaimed or self.enqueued or self.failed or self.pruned)
+
+
+def relay_once(
+    engine: Engine,
+    settings: Settings,
+    enqueue: Enqueue,
+    *,
+    now: datetime | None = None,
+    limit: int = RELAY_LIMIT,
+    broker_engine: Engine | None = None,
+) -> RelayReport:
+    """One scheduler pass at ``now``: reclaim expired leases, enqueue due deliveries, prune.
+
+    ``enqueue`` sends one batch (:func:`usp_workers.tasks.enqueue_deliveries` bound to an app).
+    When it raises, the pass stops sending: the rest of the marked deliveries are re-sent
+    ``requeue_after_seconds`` later, which also paces retries against a broker that is down.
+    ``broker_engine`` is the embedded broker's database (made on demand when it is in use).
+    """
+    moment = now if now is not None else utcnow()
+    reclaimed = reclaim_expired_leases(engine, now=moment)
+    enqueued = batches = failed = 0
+    for _ in range(MAX_ROUNDS):
+        rows = mark_due(engine, settings, now=moment, limit=limit)
+        sent, sent_batches, unsent = _send(plan_batches(rows, settings), enqueue)
+        enqueued += sent
+        batches += sent_batches
+        if unsent:
+            failed += unsent
+            break
+        if len(rows) < limit:
+            break
+    pruned = 0
+    if settings.uses_embedded_broker:
+        pruned = _prune(broker_engine, settings, moment)
+    return RelayReport(reclaimed=reclaimed, enqueued=enqueued, batches=batches, failed=failed, pruned=pruned)
+
+
+def reclaim_expired_leases(engine: Engine, *, now: datetime) -> int:
+    """Turn ``in_flight`` deliveries whose lease expired before ``now`` back into due ``pending``
+    ones (``enqueued_at`` null, so this pass sends them); return how many."""
+    statement = (
+        sa.update(_deliveries)
+        .where(
+            _deliveries.c.status == DeliveryStatus.IN_FLIGHT.value,
+            _deliveries.c.lease_until < now,
+        )
+        .values(status=DeliveryStatus.PENDING.value, lease_until=None, enqueued_at=None, updated_at=now)
+    )
+    with engine.begin() as connection:
+        return connection.execute(statement).rowcount
+
+
+def mark_due(
+    engine: Engine, settings: Settings, *, now: datetime, limit: int = RELAY_LIMIT
+) -> list[tuple[str, str]]:
+    """Mark up to ``limit`` due, unsent deliveries as sent at ``now``; return their
+    ``(delivery id, subscription id)``, oldest due first.
+
+    One conditional statement: a row another relay marked a moment ago no longer matches, and on
+    PostgreSQL rows another relay is marking right now are skipped (``SKIP LOCKED``) rather than
+    waited for; SQLite runs one writer at a time. So concurrent relays return disjoint sets.
+    """
+    cutoff = now - timedelta(seconds=settings.requeue_after_seconds)
+    due = sa.and_(
+        _deliveries.c.status == DeliveryStatus.PENDING.value,
+        _deliveries.c.next_attempt_at <= now,
+        sa.or_(_deliveries.c.enqueued_at.is_(None), _deliveries.c.enqueued_at < cutoff),
+    )
+    candidates = (
+        sa.select(_deliveries.c.id)
+        .where(due)
+        .order_by(_deliveries.c.next_attempt_at)
+        .limit(limit)
+        .with_for_update(skip_locked=True)  # PostgreSQL; SQLite renders nothing (it locks the file)
+    )
+    statement = (
+        sa.update(_deliveries)
+        .where(_deliveries.c.id.in_(candidates.scalar_subquery()), due)
+        .values(enqueued_at=now)
+        .returning(_deliveries.c.id, _deliveries.c.subscription_id, _deliveries.c.next_attempt_at)
+    )
+    with engine.begin() as connection:
+        rows = connection.execute(statement).all()
+    return [(row.id, row.subscription_id) for row in sorted(rows, key=lambda r: (r.next_attempt_at, r.id))]
+
+
+def endpoint_batch_size(settings: Settings) -> int:
+    """The most deliveries to *one* subscription that go in one batch.
+
+    A batch records its results when its last try ends, and its lease runs out
+    ``lease_seconds`` after the claim. An endpoint that times out takes
+    ``ceil(n / per_endpoint_concurrency) * total_timeout`` for ``n`` tries, so ``n`` is kept to
+    the waves that fit in the lease, less one wave of margin: a dead endpoint's batch then ends
+    (all tries failed and rescheduled) before the relay would reclaim it and send it again.
+    """
+    waves = max(1, int(settings.lease_seconds // settings.total_timeout) - 1)
+    return max(1, min(settings.batch_size, settings.per_endpoint_concurrency * waves))
+
+
+def plan_batches(rows: Iterable[tuple[str, str]], settings: Settings) -> list[list[str]]:
+    """Split ``(delivery id, subscription id)`` rows into task batches, grouped by subscription.
+
+    A batch is as slow as its slowest try, and its other deliveries are recorded only then. So a
+    subscription with more due deliveries than one wave of its endpoint
+    (``per_endpoint_concurrency``) gets batches of its own (:func:`endpoint_batch_size` each):
+    when that endpoint is slow or dead, it holds only its own deliveries. Subscriptions with a
+    few deliveries each (the usual case: one event to many subscribers) share batches up to
+    ``batch_size``, since all their tries run in one wave; this keeps tasks few (Celery's cost
+    is per task).
+
+    >>> from usp_workers.settings import Settings
+    >>> s = Settings(batch_size=4, per_endpoint_concurrency=1, lease_seconds=45, total_timeout=15)
+    >>> plan_batches([("d1", "a"), ("d2", "a"), ("d3", "b"), ("d4", "c"), ("d5", "a")], s)
+    [['d1', 'd2'], ['d5'], ['d3', 'd4']]
+    """
+    by_subscription: dict[str, list[str]] = {}
+    for delivery_id, subscription_id in rows:
+        by_subscription.setdefault(subscription_id, []).append(delivery_id)
+    own_size = endpoint_batch_size(settings)
+    batches: list[list[str]] = []
+    shared: list[str] = []
+    for ids in by_subscription.values():
+        if len(ids) > settings.per_endpoint_concurrency:
+            batches.extend(_chunks(ids, own_size))
+        else:
+            shared.extend(ids)
+    batches.extend(_chunks(shared, settings.batch_size))
+    return batches
+
+
+def run_relay(
+    settings: Settings, *, stop: threading.Event | None = None, enqueue: Enqueue | None = None
+) -> None:
+    """Run :func:`relay_once` every ``relay_interval_seconds`` until ``stop`` is set (or, without
+    one, until SIGTERM or SIGINT). ``enqueue`` defaults to the Celery app of ``settings``."""
+    from . import tasks  # Celery only where the loop really runs
+    from .celery_app import make_celery
+
+    _default_logging()
+    engine = make_engine(settings)
+    celery = None
+    if enqueue is None:
+        celery = make_celery(settings)
+        enqueue = tasks.enqueuer(celery)
+    broker_engine = (
+        make_broker_engine(settings.broker_url_resolved) if settings.uses_embedded_broker else None
+    )
+    stopping = stop if stop is not None else threading.Event()
+    logger.info(
+        "scheduler started: database %s, broker %s, a pass every %.1f s",
+        _safe_url(settings.database_url),
+        _safe_url(settings.broker_url_resolved),
+        settings.relay_interval_seconds,
+    )
+    try:
+        with _stop_on_signals(stopping, install=stop is None):
+            while not stopping.is_set():
+                started = time.monotonic()
+                _pass(engine, settings, enqueue, broker_engine)
+                stopping.wait(max(0.0, settings.relay_interval_seconds - (time.monotonic() - started)))
+    finally:
+        engine.dispose()
+        if broker_engine is not None:
+            broker_engine.dispose()
+        if celery is not None:
+            celery.close()
+        logger.info("scheduler stopped")
+
+
+def _pass(engine: Engine, settings: Settings, enqueue: Enqueue, broker_engine: Engine | None) -> None:
+    try:
+        report = relay_once(engine, settings, enqueue, broker_engine=broker_engine)
+    except sa.exc.SQLAlchemyError:
+        # The database is down or busy: say so, and try again next pass (nothing is lost).
+        logger.exception("scheduler pass failed; retrying in %.1f s", settings.relay_interval_seconds)
+        return
+    if report.busy:
+        logger.info(
+            "scheduler: %d enqueued in %d batches, %d expired leases reclaimed, %d not sent "
+            "(broker error; re-sent in %.0f s), %d consumed broker messages pruned",
+            report.enqueued,
+            report.batches,
+            report.reclaimed,
+            report.failed,
+            settings.requeue_after_seconds,
+            report.pruned,
+        )
+
+
+def _send(batches: Sequence[list[str]], enqueue: Enqueue) -> tuple[int, int, int]:
+    """Send each batch; stop at the first failure. Returns (sent, batches sent, not sent)."""
+    sent = 0
+    for index, batch in enumerate(batches):
+        try:
+            enqueue(batch)
+        except Exception:
+            unsent = sum(len(b) for b in batches[index:])
+            logger.exception("broker refused a batch; %d deliveries wait for the next re-send", unsent)
+            return sent, index, unsent
+        sent += len(batch)
+    return sent, len(batches), 0
+
+
+_broker_engines: dict[str, Engine] = {}
+
+
+def _prune(broker_engine: Engine | None, settings: Settings, now: datetime) -> int:
+    if broker_engine is None:
+        url = settings.broker_url_resolved
+        broker_engine = _broker_engines.get(url)
+        if broker_engine is None:
+            broker_engine = _broker_engines[url] = make_broker_engine(url)
+    try:
+        return prune_consumed(broker_engine, now=now)
+    except sa.exc.OperationalError as exc:
+        # Busy past the timeout, most likely: pruning can wait for the next pass.
+        logger.warning("could not prune the embedded broker this pass: %s", exc.orig)
+        return 0
+
+
+@contextmanager
+def _stop_on_signals(stop: threading.Event, *, install: bool) -> Iterator[None]:
+    """Set ``stop`` on SIGTERM/SIGINT while inside (main thread only; handlers restored after)."""
+    if not install or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handle(signum: int, _frame: FrameType | None) -> None:
+        logger.info("scheduler stopping (%s)", signal.Signals(signum).name)
+        stop.set()
+
+    previous = {sig: signal.signal(sig, handle) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _default_logging() -> None:
+    """INFO lines on stderr when nobody configured logging (the CLI, a bare script)."""
+    if not logging.getLogger().handlers:
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
+def _safe_url(url: str) -> str:
+    """``url`` with any password masked, for logs."""
+    return str(maybe_sanitize_url(url))
+
+
+def _chunks(ids: Sequence[str], size: int) -> Iterator[list[str]]:
+    for start in range(0, len(ids), size):
+        yield list(ids[start : start + size])

@@ -1,0 +1,226 @@
+"""The delivery engine's database work: claim a batch, load what it needs, record what happened.
+
+Three short transactions per batch, none held open across the network:
+
+1. **claim** — one conditional ``UPDATE … RETURNING``: due ``pending`` deliveries (and
+   ``in_flight`` ones whose lease has expired: their worker vanished) become ``in_flight`` with a
+   lease. The condition is what makes two workers handed the same id safe: only one UPDATE can
+   match the row. On PostgreSQL the candidate rows are locked ``FOR UPDATE SKIP LOCKED`` first,
+   so concurrent claims never wait on (or deadlock with) each other; SQLite serialises writers.
+2. **load** — the batch's events and subscriptions, one query each.
+3. **record** — every try's :class:`~usp_workers.models.Attempt` row, and every delivery's new
+   state, in one transaction. The state update is fenced: it applies only while the row is still
+   ``in_flight`` under *our* lease. A worker that overran its lease (and whose delivery another
+   worker has since claimed) still records its attempt, but cannot overwrite the newer state.
+
+The lease is the fencing token, so a claim's lease must differ from the one it replaces; it
+does whenever the clock moves between the two claims (any real clock does).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Engine
+from sqlmodel import SQLModel, col, select
+
+from .db import session
+from .models import (
+    Attempt,
+    Delivery,
+    DeliveryStatus,
+    EventRecord,
+    Subscription,
+    SubscriptionState,
+)
+
+__all__ = ["AttemptRow", "Claimed", "DeliveryUpdate", "claim", "load", "record"]
+
+_deliveries: sa.Table = SQLModel.metadata.tables[Delivery.__tablename__]
+_attempts: sa.Table = SQLModel.metadata.tables[Attempt.__tablename__]
+_subscriptions: sa.Table = SQLModel.metadata.tables[Subscription.__tablename__]
+
+_LAST_ERROR_MAX = 512
+_DISABLED_REASON_MAX = 256
+
+
+@dataclass(frozen=True, slots=True)
+class Claimed:
+    """A delivery this worker now holds until ``lease_until``."""
+
+    id: str
+    event_id: str
+    subscription_id: str
+    attempt_count: int  #: tries made before this one
+
+
+@dataclass(frozen=True, slots=True)
+class AttemptRow:
+    """One :class:`~usp_workers.models.Attempt` to insert."""
+
+    delivery_id: str
+    attempt_number: int
+    started_at: datetime
+    duration_ms: float
+    status_code: int | None
+    response_excerpt: str | None
+    error_class: str | None
+    outcome: str
+
+
+@dataclass(frozen=True, slots=True)
+class DeliveryUpdate:
+    """A delivery's new state. ``tried``: a try happened, so ``attempt_count`` goes up by one.
+    A final state (succeeded, dead) gets ``completed_at`` = the moment it is recorded.
+    ``deferred``: no try was made (the endpoint was busy); it goes back to ``pending``, due at
+    ``next_attempt_at``, keeping its last status and error."""
+
+    delivery_id: str
+    status: DeliveryStatus
+    tried: bool
+    deferred: bool = False
+    next_attempt_at: datetime | None = None  #: the next try (``pending`` only)
+    last_status_code: int | None = None
+    last_error: str | None = None
+    disable_subscription: tuple[str, str] | None = field(default=None)  #: (subscription id, reason)
+
+
+def claim(engine: Engine, ids: Sequence[str], *, now: datetime, lease_until: datetime) -> list[Claimed]:
+    """Take the due ones among ``ids``; the others (done, not due, held by another worker) are
+    left alone and not returned."""
+    if not ids:
+        return []
+    due = sa.or_(
+        sa.and_(
+            _deliveries.c.status == DeliveryStatus.PENDING.value,
+            _deliveries.c.next_attempt_at <= now,
+        ),
+        sa.and_(
+            _deliveries.c.status == DeliveryStatus.IN_FLIGHT.value,
+            _deliveries.c.lease_until < now,
+        ),
+    )
+    candidates = (
+        sa.select(_deliveries.c.id)
+        .where(_deliveries.c.id.in_(list(ids)), due)
+        .with_for_update(skip_locked=True)  # PostgreSQL; SQLite renders nothing (it locks the file)
+    )
+    statement = (
+        sa.update(_deliveries)
+        .where(_deliveries.c.id.in_(candidates.scalar_subquery()), due)
+        .values(status=DeliveryStatus.IN_FLIGHT.value, lease_until=lease_until, updated_at=now)
+        .returning(
+            _deliveries.c.id,
+            _deliveries.c.event_id,
+            _deliveries.c.subscription_id,
+            _deliveries.c.attempt_count,
+        )
+    )
+    with engine.begin() as connection:
+        rows = connection.execute(statement).all()
+    return [Claimed(row.id, row.event_id, row.subscription_id, row.attempt_count) for row in rows]
+
+
+def load(
+    engine: Engine, claimed: Iterable[Claimed]
+) -> tuple[dict[str, EventRecord], dict[str, Subscription]]:
+    """The events and subscriptions of ``claimed``, by id (one query each)."""
+    claimed = list(claimed)
+    event_ids = sorted({c.event_id for c in claimed})
+    subscription_ids = sorted({c.subscription_id for c in claimed})
+    with session(engine) as s:
+        events = {e.id: e for e in s.exec(select(EventRecord).where(col(EventRecord.id).in_(event_ids)))}
+        subscriptions = {
+            sub.id: sub
+            for sub in s.exec(select(Subscription).where(col(Subscription.id).in_(subscription_ids)))
+        }
+    return events, subscriptions
+
+
+def record(
+    engine: Engine,
+    *,
+    attempts: Sequence[AttemptRow],
+    updates: Sequence[DeliveryUpdate],
+    lease_until: datetime,
+    now: datetime,
+) -> set[str]:
+    """Insert ``attempts`` and apply ``updates`` under our lease, in one transaction; disable the
+    subscriptions a 410 asked to. Returns the ids whose update applied (the others had been taken
+    over by another worker after our lease expired)."""
+    applied: set[str] = set()
+    with engine.begin() as connection:
+        if attempts:
+            connection.execute(sa.insert(_attempts), [_attempt_params(a) for a in attempts])
+        for (tried, values), ids in _grouped(updates, now).items():
+            statement = (
+                sa.update(_deliveries)
+                .where(
+                    _deliveries.c.id.in_(ids),
+                    _deliveries.c.status == DeliveryStatus.IN_FLIGHT.value,
+                    _deliveries.c.lease_until == lease_until,
+                )
+                .values(dict(values))
+                .returning(_deliveries.c.id)
+            )
+            if tried:
+                statement = statement.values(attempt_count=_deliveries.c.attempt_count + 1)
+            applied.update(connection.execute(statement).scalars())
+        for subscription_id, reason in sorted(
+            {u.disable_subscription for u in updates if u.disable_subscription is not None}
+        ):
+            connection.execute(
+                sa.update(_subscriptions)
+                .where(
+                    _subscriptions.c.id == subscription_id,
+                    _subscriptions.c.state == SubscriptionState.ACTIVE.value,
+                )
+                .values(
+                    state=SubscriptionState.DISABLED.value,
+                    disabled_reason=reason[:_DISABLED_REASON_MAX],
+                    updated_at=now,
+                )
+            )
+    return applied
+
+
+_GroupKey = tuple[bool, tuple[tuple[str, Any], ...]]
+
+
+def _grouped(updates: Sequence[DeliveryUpdate], now: datetime) -> dict[_GroupKey, list[str]]:
+    """Updates with identical new values share one statement, keyed by (tried, values). Every
+    time written is the batch's ``now`` (not each try's own end) so that, typically, all the
+    successes of a batch are one UPDATE, not fifty."""
+    groups: dict[_GroupKey, list[str]] = {}
+    for update in sorted(updates, key=lambda u: u.delivery_id):
+        values: dict[str, Any] = {
+            "status": update.status.value,
+            "lease_until": None,
+            "enqueued_at": None,  # a retry is re-sent by the relay when due
+            "updated_at": now,
+        }
+        if not update.deferred:
+            values["last_status_code"] = update.last_status_code
+            values["last_error"] = None if update.last_error is None else update.last_error[:_LAST_ERROR_MAX]
+            values["completed_at"] = None if update.status is DeliveryStatus.PENDING else now
+        if update.next_attempt_at is not None:
+            values["next_attempt_at"] = update.next_attempt_at
+        groups.setdefault((update.tried, tuple(values.items())), []).append(update.delivery_id)
+    return groups
+
+
+def _attempt_params(row: AttemptRow) -> Mapping[str, Any]:
+    return {
+        "delivery_id": row.delivery_id,
+        "attempt_number": row.attempt_number,
+        "started_at": row.started_at,
+        "duration_ms": row.duration_ms,
+        "status_code": row.status_code,
+        "response_excerpt": row.response_excerpt,
+        "error_class": row.error_class,
+        "outcome": row.outcome,
+    }
