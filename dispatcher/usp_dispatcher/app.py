@@ -1,8 +1,10 @@
 """The FastAPI application: ``create_app()`` wires settings, database and routes together.
 
 Start-up does what a fresh deployment needs before it can answer: the schema is brought to the
-latest migration (a no-op when the ``migrate`` job already ran) and a signing key exists, so the
-JWKS endpoint never publishes an empty set and the first delivery can be signed.
+latest migration of both chains (a no-op when the ``migrate`` job already ran), a signing key
+exists, so the JWKS endpoint never publishes an empty set and the first delivery can be signed,
+and a never-used catalog gets the demo services (:mod:`usp_dispatcher.domain.seed`), so there is
+something to book.
 """
 
 from __future__ import annotations
@@ -17,8 +19,10 @@ from sqlalchemy.engine import Engine
 from usp_workers import db, keys, tasks
 from usp_workers.settings import Settings
 
+from . import database
+from .domain import ensure_demo_catalog
 from .problems import install_problem_handlers
-from .routes import events, feed, wellknown
+from .routes import events, feed, scheduling, wellknown
 
 __all__ = ["create_app"]
 
@@ -55,12 +59,16 @@ def create_app(settings: Settings | None = None, *, engine: Engine | None = None
     app.include_router(events.router)
     app.include_router(feed.router)
     app.include_router(wellknown.router)
+    app.include_router(scheduling.public_router)
+    app.include_router(scheduling.router)
     return app
 
 
 def _prepare_database(engine: Engine, settings: Settings) -> None:
-    """Migrate to head and make sure a signing key exists (blocking: run off the event loop)."""
-    db.upgrade(engine)
+    """Migrate to head, make sure a signing key exists, seed the demo catalog on first start
+    (blocking: run off the event loop)."""
+    database.upgrade(engine)
     with db.session(engine) as session:
         keys.ensure_signing_key(session, settings)
         session.commit()
+    ensure_demo_catalog(engine)

@@ -28,6 +28,8 @@ from usp_workers import db, keys
 from usp_workers.models import SigningKeyRecord, utcnow
 from usp_workers.settings import Settings
 
+from . import database
+
 __all__ = ["app", "keys_app", "load_settings", "main", "open_engine"]
 
 app = typer.Typer(
@@ -76,10 +78,11 @@ def open_engine(settings: Settings) -> Iterator[Engine]:
 
 @app.command()
 def migrate() -> None:
-    """Bring the configured database's schema to the latest version (safe to run repeatedly)."""
+    """Bring the configured database's schema to the latest version (safe to run repeatedly):
+    the delivery engine's tables, then the scheduling domain's."""
     settings = load_settings()
     with open_engine(settings) as engine:
-        db.upgrade(engine)
+        database.upgrade(engine)
     console.print(f"database schema is up to date ([bold]{engine.url.get_backend_name()}[/bold])")
 
 
@@ -116,11 +119,21 @@ def worker(
 
 @app.command()
 def scheduler() -> None:
-    """Run the scheduler: enqueue due deliveries, reclaim expired leases (one is enough; two
-    are safe)."""
+    """Run the scheduler: enqueue due deliveries, reclaim expired leases, expire waitlist offers
+    (one is enough; two are safe)."""
+    from usp_workers import tasks
     from usp_workers.relay import run_relay
 
-    run_relay(load_settings())
+    from .housekeeping import housekeeping_thread
+
+    settings = load_settings()
+    # Events of expired offers reach the broker at once, not at the relay's re-send.
+    tasks.install_enqueuer(settings)
+    try:
+        with housekeeping_thread(settings):
+            run_relay(settings)
+    finally:
+        tasks.uninstall_enqueuer()
 
 
 @app.command()

@@ -16,13 +16,12 @@ import json
 from dataclasses import dataclass
 from typing import Any, Final
 
-import anyio
 import httpx
 from sqlmodel import Session
 
 from usp_workers.models import Subscription, Transport
 from usp_workers.settings import Settings
-from usp_workers.ssrf import ResolvedTarget, Resolver
+from usp_workers.ssrf import ResolvedTarget, Resolver, new_client, send_pinned
 
 from .errors import Refused
 from .feed import SubscriptionSpec, check_url, upsert_profile_subscription
@@ -70,60 +69,49 @@ async def fetch_profile(uri: str, settings: Settings, *, resolver: Resolver | No
     if scheme != "https" and not (scheme == "http" and settings.allow_private_targets):
         raise Refused("profile_not_https", "a platform profile URI must be an https URL")
     target = await check_url(uri, settings, resolver=resolver, what="profile URI")
-    body = await _get_pinned(target)
+    body = await _get_pinned(target, settings)
     return _read_profile(uri, body)
 
 
-async def _get_pinned(target: ResolvedTarget) -> bytes:
-    """GET the checked address of ``target`` (the technique of ``usp_workers.ssrf.post_pinned``):
-    IP literal in the URL, the original authority in ``Host`` and, for https, in SNI and the
-    certificate check. The body is read up to :data:`MAX_PROFILE_BYTES` and no further."""
-    original = httpx.URL(target.url)
+async def _get_pinned(target: ResolvedTarget, settings: Settings) -> bytes:
+    """GET the checked address of ``target`` with :func:`usp_workers.ssrf.send_pinned` (the
+    delivery path: IP literal in the URL, the original authority in ``Host`` and, for https, in
+    SNI and the certificate check; no redirects, no proxies) within
+    :data:`FETCH_TIMEOUT_SECONDS` in all. The body is read up to :data:`MAX_PROFILE_BYTES` and
+    no further: a larger profile is refused, never parsed cut short."""
     headers = {
-        "Host": target.authority,
         "Accept": _ACCEPT,
         "Accept-Encoding": "identity",  # a capped read of a compressed body would mean nothing
-        "Connection": "close",
     }
-    extensions = {"sni_hostname": target.host} if target.scheme == "https" else {}
-    timeout = httpx.Timeout(FETCH_TIMEOUT_SECONDS)
-    async with httpx.AsyncClient(trust_env=False, follow_redirects=False, timeout=timeout) as client:
-        request = client.build_request(
-            "GET",
-            original.copy_with(host=target.ip, port=target.port),
-            headers=headers,
-            extensions=extensions,
-        )
-        try:
-            with anyio.fail_after(FETCH_TIMEOUT_SECONDS):
-                return await _read_capped(client, request)
-        except (TimeoutError, httpx.TimeoutException):
-            raise Refused(
-                "profile_unreachable", f"the profile did not answer within {FETCH_TIMEOUT_SECONDS:g} s"
-            ) from None
-        except httpx.HTTPError as exc:
-            raise Refused(
-                "profile_unreachable", f"the profile could not be fetched ({type(exc).__name__})"
-            ) from None
-
-
-async def _read_capped(client: httpx.AsyncClient, request: httpx.Request) -> bytes:
-    response = await client.send(request, stream=True, follow_redirects=False)
     try:
-        if response.is_redirect:
-            raise Refused("profile_redirect", "the profile URI answered with a redirect (not followed)")
-        if response.status_code != 200:
-            raise Refused("profile_unavailable", f"the profile URI answered {response.status_code}")
-        if response.headers.get("content-encoding", "identity").lower() != "identity":
-            raise Refused("profile_unreadable", "the profile was sent compressed although identity was asked")
-        body = bytearray()
-        async for chunk in response.aiter_raw():
-            body += chunk
-            if len(body) > MAX_PROFILE_BYTES:
-                raise Refused("profile_too_large", f"the profile is larger than {MAX_PROFILE_BYTES} bytes")
-        return bytes(body)
-    finally:
-        await response.aclose()
+        async with new_client(settings) as client:
+            response = await send_pinned(
+                client,
+                target,
+                method="GET",
+                headers=headers,
+                timeout=httpx.Timeout(FETCH_TIMEOUT_SECONDS),
+                keep_alive=False,  # one request, then the client is closed
+                max_response_bytes=MAX_PROFILE_BYTES,
+                total_timeout=FETCH_TIMEOUT_SECONDS,
+            )
+    except (TimeoutError, httpx.TimeoutException):
+        raise Refused(
+            "profile_unreachable", f"the profile did not answer within {FETCH_TIMEOUT_SECONDS:g} s"
+        ) from None
+    except httpx.HTTPError as exc:
+        raise Refused(
+            "profile_unreachable", f"the profile could not be fetched ({type(exc).__name__})"
+        ) from None
+    if response.is_redirect:
+        raise Refused("profile_redirect", "the profile URI answered with a redirect (not followed)")
+    if response.status_code != 200:
+        raise Refused("profile_unavailable", f"the profile URI answered {response.status_code}")
+    if response.headers.get("content-encoding", "identity").lower() != "identity":
+        raise Refused("profile_unreadable", "the profile was sent compressed although identity was asked")
+    if response.truncated:
+        raise Refused("profile_too_large", f"the profile is larger than {MAX_PROFILE_BYTES} bytes")
+    return response.content
 
 
 def _read_profile(uri: str, body: bytes) -> PlatformProfile:

@@ -44,6 +44,8 @@ from usp_workers import db, keys
 from usp_workers.celery_app import make_celery, prepare_broker
 from usp_workers.settings import Settings
 
+from . import database
+
 __all__ = ["READY_TIMEOUT", "STOP_TIMEOUT", "Child", "child_environment", "display_host", "run_up"]
 
 #: Seconds the API gets to answer its JWKS after starting.
@@ -129,10 +131,11 @@ def display_host(host: str) -> str:
 
 
 def _prepare(settings: Settings) -> None:
-    """Migrate, make the first signing key, create the embedded broker's tables: once, here."""
+    """Migrate (both chains), make the first signing key, create the embedded broker's tables:
+    once, here. The API seeds the demo catalog itself, at its start-up."""
     engine = db.make_engine(settings)
     try:
-        db.upgrade(engine)
+        database.upgrade(engine)
         with db.session(engine) as session:
             keys.ensure_signing_key(session, settings)
             session.commit()

@@ -18,7 +18,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
 import httpx
@@ -37,7 +37,7 @@ UP_TIMEOUT = 90.0
 TOKEN_LINE = re.compile(r"admin token \(this session only\): (\S+)")
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port: int = sock.getsockname()[1]
@@ -59,17 +59,30 @@ def _processes_in(folder: Path) -> list[int]:
 
 
 class Up:
-    """``python -m usp_dispatcher.cli up`` in ``folder``, its output in a file."""
+    """``up`` started in ``folder`` (by default ``python -m usp_dispatcher.cli up``; ``command``
+    replaces the part before ``up``), its output in a file. The environment is ours without any
+    ``USP_*`` variable, plus loopback targets allowed and ``extra_env`` (``None`` removes)."""
 
-    def __init__(self, folder: Path, port: int) -> None:
+    def __init__(
+        self,
+        folder: Path,
+        port: int,
+        command: Sequence[str] = (sys.executable, "-m", "usp_dispatcher.cli"),
+        extra_env: Mapping[str, str | None] | None = None,
+    ) -> None:
         self.folder = folder
         self.log_path = folder.parent / f"{folder.name}-up.log"
         env = {k: v for k, v in os.environ.items() if not k.startswith("USP_")}
         env["USP_ALLOW_PRIVATE_TARGETS"] = "true"
         env["PYTHONUNBUFFERED"] = "1"
+        for name, value in (extra_env or {}).items():
+            if value is None:
+                env.pop(name, None)
+            else:
+                env[name] = value
         self._log = self.log_path.open("wb")
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "usp_dispatcher.cli", "up", "--port", str(port)],
+            [*command, "up", "--port", str(port)],
             cwd=folder,
             env=env,
             stdout=self._log,
@@ -109,7 +122,7 @@ class Up:
 def up(tmp_path: Path) -> Iterator[Up]:
     folder = tmp_path / "service"
     folder.mkdir()
-    process = Up(folder, _free_port())
+    process = Up(folder, free_port())
     try:
         yield process
     finally:
@@ -118,7 +131,14 @@ def up(tmp_path: Path) -> Iterator[Up]:
 
 
 def test_up_runs_the_whole_service_with_no_settings(up: Up, serve: Serve) -> None:
-    output = up.wait_for("Ctrl-C stops everything.")
+    assert_up_delivers_and_stops(up, serve)
+
+
+def assert_up_delivers_and_stops(up: Up, serve: Serve, timeout: float = UP_TIMEOUT) -> None:
+    """What ``up`` promises, end to end: it announces the API and an admin token; the JWKS is
+    served; a subscription and an event posted with that token bring the event to a receiver
+    that verifies it against that JWKS; SIGTERM stops everything; the token is printed once."""
+    output = up.wait_for("Ctrl-C stops everything.", timeout)
     base = re.search(r"API\s+(http://\S+)", output)
     token_match = TOKEN_LINE.search(output)
     assert base is not None, output

@@ -7,6 +7,12 @@ signing keys, a controllable clock, settings fit for tests.
   migrations (``usp_workers.db.upgrade``), never ``create_all``.
 * ``hub`` is one uvicorn server on 127.0.0.1 for the whole session; ``endpoints`` gives each test
   its own paths on it, and ``hub.seen(path)`` shows every request that reached a path.
+  ``serve_hub()`` starts another one (another port: another endpoint, with its own
+  per-endpoint concurrency bound), stopped when the test ends.
+* ``pipeline`` is the real-process pipeline: a database (SQLite file or PostgreSQL schema), a
+  broker (Redis database 11, held under a lock, or the embedded SQLite broker) and the settings
+  its children read from their environment; ``start_worker`` and ``start_relay`` start Celery
+  worker and scheduler subprocesses, stopped (and their output printed) at the end.
 """
 
 from __future__ import annotations
@@ -16,16 +22,19 @@ import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+import redis
 import sqlalchemy as sa
 import uvicorn
 from sqlalchemy.engine import Engine
 
 from usp_receiver import JWKS
+from usp_workers import tasks
 from usp_workers.db import make_engine, session, upgrade
 from usp_workers.keycache import clear_signing_key_cache
 from usp_workers.keys import ensure_signing_key, published_jwks
@@ -33,7 +42,19 @@ from usp_workers.settings import Settings
 from usp_workers.transport import make_client
 
 from .endpoints import Hub
-from .support import Clock, Endpoints
+from .support import (
+    Clock,
+    Endpoints,
+    Pipeline,
+    PipelineDatabase,
+    RelayProcess,
+    ServiceProcess,
+    StartRelay,
+    StartWorker,
+    WorkerProcess,
+    exclusive,
+    redis_db_url,
+)
 
 MakeSettings = Callable[..., Settings]
 
@@ -144,9 +165,9 @@ async def client(settings: Settings) -> AsyncIterator[httpx.AsyncClient]:
 # -- the webhook server --------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="session")
-def hub() -> Iterator[Hub]:
-    """One uvicorn server on a free 127.0.0.1 port for the session, serving a :class:`Hub`."""
+@contextmanager
+def hub_server() -> Iterator[Hub]:
+    """A uvicorn server on a free 127.0.0.1 port serving a fresh :class:`Hub`, in a thread."""
     app = Hub()
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.bind(("127.0.0.1", 0))
@@ -177,6 +198,20 @@ def hub() -> Iterator[Hub]:
         sock.close()
 
 
+@pytest.fixture(scope="session")
+def hub() -> Iterator[Hub]:
+    """One webhook server for the session (see :func:`hub_server`)."""
+    with hub_server() as app:
+        yield app
+
+
+@pytest.fixture
+def serve_hub() -> Iterator[Callable[[], Hub]]:
+    """Start more webhook servers for one test (``serve_hub() -> Hub``); all stop at its end."""
+    with ExitStack() as stack:
+        yield lambda: stack.enter_context(hub_server())
+
+
 @pytest.fixture
 def endpoints(hub: Hub) -> Iterator[Endpoints]:
     registry = Endpoints(hub)
@@ -184,3 +219,89 @@ def endpoints(hub: Hub) -> Iterator[Endpoints]:
         yield registry
     finally:
         registry.close()
+
+
+# -- the real-process pipeline -------------------------------------------------------------------------
+
+
+@pytest.fixture(
+    params=[("redis", "sqlite"), ("redis", "postgresql"), ("embedded", "sqlite")],
+    ids=["redis-sqlite", "redis-postgresql", "embedded-sqlite"],
+)
+def pipeline(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Pipeline]:
+    """A migrated database with a signing key, a broker, and settings fit for tests (loopback
+    targets, a short schedule without jitter, a fast relay). Override the parameters with
+    ``@pytest.mark.parametrize("pipeline", [("redis", "postgresql")], indirect=True)``."""
+    broker_kind, database_kind = request.param
+    with ExitStack() as stack:
+        client: redis.Redis | None = None
+        lock = None
+        if broker_kind == "redis":
+            broker = redis_db_url(request.getfixturevalue("redis_url"))
+            client = stack.enter_context(redis.Redis.from_url(broker))
+            lock = stack.enter_context(exclusive(client))
+        else:
+            broker = f"sqla+sqlite:///{tmp_path / 'broker.sqlite3'}"
+        url = stack.enter_context(PipelineDatabase(request, database_kind, tmp_path))
+        fields: dict[str, Any] = {
+            "database_url": url,
+            "broker_url": broker,
+            "allow_private_targets": True,
+            "retry_schedule": (1.0, 1.0, 1.0),
+            "retry_jitter": 0.0,
+            "lease_seconds": 30.0,
+            "requeue_after_seconds": 30.0,
+            "relay_interval_seconds": 0.2,
+            "connect_timeout": 2.0,
+            "total_timeout": 5.0,
+            "key_publish_lead_seconds": 0.0,
+        }
+        engine = make_engine(url)
+        try:
+            upgrade(engine)
+            pipeline = Pipeline(fields, engine, tmp_path, broker_kind, client, lock)
+            with session(engine) as s:
+                ensure_signing_key(s, pipeline.settings)
+                s.commit()
+            yield pipeline
+        finally:
+            tasks.uninstall_enqueuer()
+            engine.dispose()
+
+
+@pytest.fixture
+def _children() -> Iterator[list[ServiceProcess]]:
+    """Every child process a test started: stopped at its end (SIGTERM, then SIGKILL to the
+    process group), their output printed (pytest shows it when the test failed)."""
+    started: list[ServiceProcess] = []
+    try:
+        yield started
+    finally:
+        for child in started:
+            code = child.stop()
+            print(f"----- {child.log_path.name} (exit {code}) -----\n{child.output()}")
+
+
+@pytest.fixture
+def start_worker(pipeline: Pipeline, _children: list[ServiceProcess]) -> StartWorker:
+    """Start a Celery worker subprocess (``start_worker(name, concurrency=N)``; default: the
+    production default)."""
+
+    def start(name: str = "worker", **kw: Any) -> WorkerProcess:
+        worker = WorkerProcess(pipeline, name, **kw)
+        _children.append(worker)
+        return worker
+
+    return start
+
+
+@pytest.fixture
+def start_relay(pipeline: Pipeline, _children: list[ServiceProcess]) -> StartRelay:
+    """Start a scheduler subprocess (``start_relay(name)``)."""
+
+    def start(name: str = "relay") -> RelayProcess:
+        relay = RelayProcess(pipeline, name)
+        _children.append(relay)
+        return relay
+
+    return start

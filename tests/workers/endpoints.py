@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from collections.abc import Awaitable, Callable, MutableMapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -27,6 +28,7 @@ import anyio.to_thread
 from usp_receiver import JWKS, ReceivedWebhook, VerificationError, Verifier, WebhookReceiver
 from usp_receiver._url import request_url
 from usp_receiver.asgi import WebhookApp
+from usp_receiver.dedupe import MemoryDedupe, Processed, process_once
 from usp_schemas import WEBHOOK_METHOD, parse_event
 
 Scope = MutableMapping[str, Any]
@@ -118,13 +120,16 @@ async def respond(
 
 
 class UspReceiver:
-    """The receiver library verifying REST deliveries; ``handled`` lists handled event ids."""
+    """The receiver library verifying REST deliveries; ``handled`` lists handled event ids (its
+    dedupe runs the handler once per event), ``handled_at`` when each was handled (monotonic)."""
 
     def __init__(self, jwks: JWKS) -> None:
         self.handled: list[str] = []
+        self.handled_at: dict[str, float] = {}
         self.app = WebhookApp(WebhookReceiver(Verifier(jwks), self._handle))
 
     def _handle(self, hook: ReceivedWebhook) -> None:
+        self.handled_at.setdefault(hook.event.event_id, time.monotonic())
         self.handled.append(hook.event.event_id)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -133,11 +138,16 @@ class UspReceiver:
 
 class JsonRpcReceiver:
     """Verifies the HTTP signature of a JSON-RPC delivery and that it is a ``usp_webhook``
-    notification; ``handled`` lists event ids, ``refused`` the reasons for anything refused."""
+    notification, then deduplicates on the params' ``event_id`` as the receiver library does
+    (:func:`~usp_receiver.dedupe.process_once`); ``handled`` lists the event ids handled (once
+    each), ``duplicates`` counts the repeats answered without handling, ``refused`` the reasons
+    for anything refused."""
 
     def __init__(self, jwks: JWKS) -> None:
         self.verifier = Verifier(jwks)
+        self.dedupe = MemoryDedupe()
         self.handled: list[str] = []
+        self.duplicates = 0
         self.refused: list[str] = []
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -154,8 +164,18 @@ class JsonRpcReceiver:
             self.refused.append(problem)
             await respond(send, 400, problem.encode())
             return
-        self.handled.append(parse_event(message["params"]).event_id)
-        await respond(send, 204)
+        event_id = parse_event(message["params"]).event_id
+
+        async def handle() -> None:
+            self.handled.append(event_id)
+
+        processed = await process_once(self.dedupe, event_id, handle)
+        if processed is Processed.DUPLICATE:
+            self.duplicates += 1
+        if processed in (Processed.ACCEPTED, Processed.DUPLICATE):
+            await respond(send, 204)
+        else:
+            await respond(send, 409 if processed is Processed.IN_PROGRESS else 500, processed.value.encode())
 
 
 def _notification_problem(message: Any) -> str | None:
@@ -212,6 +232,19 @@ class Hang:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         await anyio.sleep(self.seconds)
         await respond(send, 200)
+
+
+@dataclass
+class Unresponsive:
+    """Never answer: hold each request until the client gives up (or ``seconds`` pass), then
+    drop it. Unlike :class:`Hang`, nothing outlives the client: the server stops cleanly."""
+
+    seconds: float
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        with anyio.move_on_after(self.seconds):
+            while (await receive())["type"] != "http.disconnect":
+                pass
 
 
 @dataclass

@@ -1,18 +1,41 @@
-"""Helpers for the delivery engine's tests: a controllable clock, per-test endpoints, rows."""
+"""Helpers for the delivery engine's tests: a controllable clock, per-test endpoints, rows; and
+the real-process pipeline (a database, a broker, Celery worker and scheduler subprocesses) that
+``test_pipeline.py`` and ``test_resilience.py`` share (its fixtures are in ``conftest.py``)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
 import uuid
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
 from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
+import pytest
+import redis
+import sqlalchemy as sa
+from redis.lock import Lock
 from sqlalchemy.engine import Engine
-from sqlmodel import Session, col, select
+from sqlmodel import Session, col, func, select
 
+from usp_receiver import JWKS
 from usp_schemas import BOOKING_CONFIRMED_EXAMPLE, new_event_id
+from usp_workers.celery_app import QUEUE
 from usp_workers.db import session
-from usp_workers.models import Attempt, Delivery, Subscription, Transport, utcnow
+from usp_workers.keys import published_jwks
+from usp_workers.models import Attempt, Delivery, DeliveryStatus, Subscription, Transport, utcnow
 from usp_workers.outbox import emit
+from usp_workers.settings import Settings
+from usp_workers.worker import worker_argv
 
 from .endpoints import App, Hub
 
@@ -118,3 +141,297 @@ def subscription(engine: Engine, subscription_id: str) -> Subscription:
         assert row is not None
         s.expunge(row)
         return row
+
+
+# -- the real-process pipeline ---------------------------------------------------------------------
+
+#: The Redis database the pipeline tests' broker uses: nothing else in the suite touches it.
+REDIS_DB = 11
+#: The key that serialises test runs sharing a Redis server (see :func:`exclusive`).
+REDIS_LOCK = "usp-tests:pipeline-lock"
+WORKER_READY_TIMEOUT = 45.0
+
+
+@dataclass
+class Pipeline:
+    """A database, a broker and the settings both this process and the worker use.
+
+    ``fields`` are the settings; a test may change them before it starts a child process (each
+    child reads them from its environment when it starts). ``redis`` and ``lock`` are set when
+    the broker is Redis: the client on the broker's database, and this run's hold on it.
+    """
+
+    fields: dict[str, Any]
+    engine: Engine
+    folder: Path
+    broker: str
+    redis: redis.Redis | None = None
+    lock: Lock | None = None
+
+    @property
+    def settings(self) -> Settings:
+        return Settings(_env_file=None, **self.fields)
+
+    def env(self) -> dict[str, str]:
+        """A child's environment: ours without any ``USP_*``, plus the pipeline's settings."""
+        env = {k: v for k, v in os.environ.items() if not k.startswith("USP_")}
+        for name, value in self.fields.items():
+            text = ",".join(str(v) for v in value) if isinstance(value, tuple) else str(value)
+            env[f"USP_{name.upper()}"] = text
+        env["PYTHONUNBUFFERED"] = "1"
+        return env
+
+    def queued(self) -> int:
+        """Messages waiting in the Redis broker's delivery queue."""
+        assert self.redis is not None, "a Redis pipeline"
+        return int(self.redis.llen(QUEUE))
+
+    def flush_broker(self) -> int:
+        """``FLUSHDB`` the broker's Redis database, as one atomic step that also puts back this
+        run's lock; return how many messages were waiting in the queue at that moment.
+
+        Every key the broker had goes: queued messages, the unacknowledged ones workers hold, the
+        bindings. For the broker (it uses this database alone) that is exactly what ``FLUSHALL``
+        does to it. ``FLUSHALL`` itself would also wipe the other databases of the server (other
+        test runs' dedupe keys) and, here, the lock: another run's pipeline test could then start
+        sharing the queue mid-test. Hence ``FLUSHDB`` and the lock's token and expiry put back
+        inside the same ``MULTI``.
+        """
+        assert self.redis is not None, "a Redis pipeline"
+        assert self.lock is not None
+        token = self.lock.local.token
+        assert token is not None, "the lock is held"
+        ttl = int(self.redis.pttl(REDIS_LOCK))
+        with self.redis.pipeline(transaction=True) as transaction:
+            transaction.llen(QUEUE)
+            transaction.flushdb()
+            transaction.set(REDIS_LOCK, token, px=max(ttl, 1000))
+            waiting, _, _ = transaction.execute()
+        return int(waiting)
+
+
+def redis_db_url(base: str) -> str:
+    """``base`` (the suite's Redis URL) on the pipeline tests' database :data:`REDIS_DB`."""
+    parts = urlsplit(base)
+    return urlunsplit((parts.scheme, parts.netloc, f"/{REDIS_DB}", "", ""))
+
+
+@contextmanager
+def exclusive(client: redis.Redis) -> Iterator[Lock]:
+    """Hold Redis database :data:`REDIS_DB` alone, emptied, for one test; yield the lock.
+
+    Several test runs may share the server (engineers and CI on one machine): their workers
+    consume the same queue, and one run's worker would take the other's messages. A lock in the
+    database itself serialises the runs; it expires on its own if a run dies holding it. The
+    database is emptied like ``flushdb`` does, except for the lock.
+    """
+    lock = client.lock(REDIS_LOCK, timeout=600, blocking_timeout=600)
+    if not lock.acquire():
+        pytest.fail(f"another test run held Redis database {REDIS_DB} for 10 minutes")
+    try:
+        empty(client)
+        yield lock
+    finally:
+        empty(client)
+        lock.release()
+
+
+def empty(client: redis.Redis) -> None:
+    """Delete every key of the client's database except the lock."""
+    for key in client.scan_iter(count=1000):
+        if key != REDIS_LOCK.encode():
+            client.delete(key)
+
+
+class PipelineDatabase:
+    """A fresh database URL: a SQLite file, or a PostgreSQL schema (dropped afterwards)."""
+
+    def __init__(self, request: pytest.FixtureRequest, kind: str, folder: Path) -> None:
+        self.request, self.kind, self.folder = request, kind, folder
+        self.schema: str | None = None
+        self.admin: Engine | None = None
+
+    def __enter__(self) -> str:
+        if self.kind == "sqlite":
+            return f"sqlite:///{self.folder / 'usp.sqlite3'}"
+        base: str = self.request.getfixturevalue("postgres_url")
+        self.schema = f"usp_test_{uuid.uuid4().hex[:12]}"
+        self.admin = sa.create_engine(base)
+        with self.admin.begin() as connection:
+            connection.execute(sa.text(f'CREATE SCHEMA "{self.schema}"'))
+        url = sa.make_url(base).update_query_dict({"options": f"-csearch_path={self.schema}"})
+        return url.render_as_string(hide_password=False)
+
+    def __exit__(self, *exc: object) -> None:
+        if self.admin is not None:
+            with self.admin.begin() as connection:
+                connection.execute(sa.text(f'DROP SCHEMA IF EXISTS "{self.schema}" CASCADE'))
+            self.admin.dispose()
+
+
+class ServiceProcess:
+    """A child process of the pipeline (worker, scheduler, a script), configured only by the
+    pipeline's ``USP_*`` environment, in its own process group, its output in a file."""
+
+    #: A line the child prints once it is ready (``None``: ready at once).
+    ready_marker: str | None = None
+
+    def __init__(self, pipeline: Pipeline, name: str, command: Sequence[str]) -> None:
+        self.name = name
+        self.log_path = pipeline.folder / f"{name}.log"
+        self._log = self.log_path.open("wb")
+        self.process = subprocess.Popen(
+            list(command),
+            cwd=pipeline.folder,  # no stray .env is read, nothing is written outside tmp
+            env=pipeline.env(),
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # our Ctrl-C is not its Ctrl-C; and killpg reaches it all
+        )
+
+    def output(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def diagnose(self) -> str:
+        return self.output()
+
+    def wait_ready(self, timeout: float = WORKER_READY_TIMEOUT) -> None:
+        if self.ready_marker is None:
+            return
+        deadline = time.monotonic() + timeout
+        while self.ready_marker not in self.output():
+            if self.process.poll() is not None:
+                pytest.fail(f"{self.name} exited with {self.process.returncode}:\n{self.output()}")
+            if time.monotonic() > deadline:
+                pytest.fail(f"{self.name} was not ready within {timeout} s:\n{self.output()}")
+            time.sleep(0.1)
+
+    def wait(self, timeout: float) -> int:
+        """Wait for the child to exit by itself; its exit code."""
+        try:
+            return self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"{self.name} did not exit within {timeout} s:\n{self.output()}")
+
+    def kill(self) -> None:
+        """SIGKILL its whole process group: no shutdown, no acknowledgement, no cleanup (a crash)."""
+        if self.process.poll() is None:
+            self._signal_group(signal.SIGKILL)
+            self.process.wait(10)
+
+    def stop(self, timeout: float = 20.0) -> int | None:
+        """SIGTERM (a warm shutdown), SIGKILL to the group if it does not exit within ``timeout``."""
+        if self.process.poll() is None:
+            self._signal_group(signal.SIGTERM)
+            try:
+                self.process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self._signal_group(signal.SIGKILL)
+                self.process.wait(10)
+        else:
+            self._signal_group(signal.SIGKILL)  # anything it left behind in its group
+        self._log.close()
+        return self.process.returncode
+
+    def _signal_group(self, signum: int) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.process.pid, signum)  # its own session: the group id is its pid
+
+
+class WorkerProcess(ServiceProcess):
+    """``celery -A usp_workers.celery_app worker`` (threads pool), exactly as deployed."""
+
+    ready_marker = " ready."
+
+    def __init__(self, pipeline: Pipeline, name: str, concurrency: int | None = None) -> None:
+        command = [sys.executable, "-m", "celery", "-A", "usp_workers.celery_app"]
+        super().__init__(pipeline, name, command + worker_argv(concurrency=concurrency))
+
+    def diagnose(self) -> str:
+        """The output, after asking a live worker for a traceback of every thread (Celery dumps
+        them on SIGUSR1): what a stuck batch is waiting for."""
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGUSR1)
+            time.sleep(1.0)
+        return self.output()
+
+
+#: The scheduler as ``usp-webhooks scheduler`` runs it, without the dispatcher's CLI.
+RELAY_SCRIPT = (
+    "from usp_workers.relay import run_relay; from usp_workers.settings import Settings; "
+    "run_relay(Settings())"
+)
+
+
+class RelayProcess(ServiceProcess):
+    """The scheduler (:func:`usp_workers.relay.run_relay`) in a child process."""
+
+    ready_marker = "scheduler started"
+
+    def __init__(self, pipeline: Pipeline, name: str = "relay") -> None:
+        super().__init__(pipeline, name, [sys.executable, "-c", RELAY_SCRIPT])
+
+
+StartWorker = Callable[..., WorkerProcess]
+StartRelay = Callable[..., RelayProcess]
+
+
+# -- pipeline helpers --------------------------------------------------------------------------------
+
+
+def jwks_of(pipeline: Pipeline) -> JWKS:
+    with session(pipeline.engine) as s:
+        return JWKS.from_dict(published_jwks(s, pipeline.settings))
+
+
+def subscribe(engine: Engine, url: str, transport: Transport = Transport.REST) -> str:
+    with Session(engine) as s:
+        row = Subscription(url=url, transport=transport)
+        s.add(row)
+        s.commit()
+        return row.id
+
+
+def booking_event() -> dict[str, Any]:
+    """A fresh booking.confirmed event body."""
+    event: dict[str, Any] = json.loads(BOOKING_CONFIRMED_EXAMPLE)
+    event["event_id"] = new_event_id()
+    event["timestamp"] = utcnow().strftime("%Y-%m-%dT%H:%M:%SZ")
+    return event
+
+
+def emit_events(engine: Engine, count: int, *, per_transaction: int = 1) -> list[str]:
+    """Emit ``count`` fresh booking.confirmed events; each commit hands its deliveries off."""
+    event_ids: list[str] = []
+    while len(event_ids) < count:
+        with session(engine) as s:
+            for _ in range(min(per_transaction, count - len(event_ids))):
+                event_ids.append(emit(s, booking_event()).id)
+            s.commit()
+    return event_ids
+
+
+def status_counts(engine: Engine) -> dict[str, int]:
+    with Session(engine) as s:
+        rows = s.exec(select(Delivery.status, func.count()).group_by(col(Delivery.status))).all()
+    return {str(status): int(n) for status, n in rows}
+
+
+def wait_for_status(
+    engine: Engine, status: DeliveryStatus, total: int, timeout: float, *logs: Callable[[], str]
+) -> float:
+    """Poll until ``total`` deliveries have ``status``; return the moment (monotonic) it happened."""
+    deadline = time.monotonic() + timeout
+    while True:
+        counts = status_counts(engine)
+        if counts.get(status.value, 0) >= total:
+            return time.monotonic()
+        if time.monotonic() > deadline:
+            output = "\n".join(log() for log in logs)
+            pytest.fail(f"not {total} deliveries {status.value} within {timeout} s: {counts}\n{output}")
+        time.sleep(0.05)
+
+
+def wait_all_succeeded(engine: Engine, total: int, timeout: float, *logs: Callable[[], str]) -> float:
+    """Poll until ``total`` deliveries succeeded; return the moment (monotonic) it happened."""
+    return wait_for_status(engine, DeliveryStatus.SUCCEEDED, total, timeout, *logs)

@@ -27,6 +27,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
+from usp_workers.origin_pool import OriginTransport, PinnedClient
 from usp_workers.settings import Settings
 from usp_workers.ssrf import (
     ResolvedTarget,
@@ -39,7 +40,7 @@ from usp_workers.ssrf import (
     default_resolver,
     default_sync_resolver,
     new_client,
-    post_pinned,
+    send_pinned,
 )
 
 pytestmark = pytest.mark.anyio
@@ -458,6 +459,7 @@ def _app(seen: Seen) -> Callable[[Scope, Receive, Send], Awaitable[None]]:
                 "headers": {k.decode(): v.decode() for k, v in scope["headers"]},
                 "body": body,
                 "client": scope["client"][0],
+                "client_port": scope["client"][1],
             }
         )
         path = scope["path"]
@@ -540,7 +542,7 @@ def _loopback_resolver(*names: str) -> Resolver:
 DEV = _settings(allow=True)  # the test server lives on loopback
 
 
-async def test_post_pinned_reaches_the_checked_address_with_the_original_host_path_and_query(
+async def test_send_pinned_reaches_the_checked_address_with_the_original_host_path_and_query(
     server: Running,
 ) -> None:
     url = f"http://hooks.example:{server.port}/path/a%2Fb;x?q=1&e=%20x&q=2"
@@ -548,10 +550,10 @@ async def test_post_pinned_reaches_the_checked_address_with_the_original_host_pa
     target = await check_target(url, DEV, resolver=_loopback_resolver("hooks.example"))
     headers = {"Content-Type": "application/json", "Host": "attacker.example", "X-Trace": "t1"}
     async with new_client(DEV) as client:
-        response = await post_pinned(client, target, content=b'{"a":1}', headers=headers, timeout=TIMEOUT)
+        response = await send_pinned(client, target, content=b'{"a":1}', headers=headers, timeout=TIMEOUT)
     assert response.status_code == 202
     assert response.content == b"accepted"
-    assert response.is_closed
+    assert not response.truncated
     [seen] = server.seen.requests
     assert seen["method"] == "POST"
     assert seen["headers"]["host"] == f"hooks.example:{server.port}"
@@ -561,15 +563,15 @@ async def test_post_pinned_reaches_the_checked_address_with_the_original_host_pa
     assert seen["headers"]["content-type"] == "application/json"
     assert seen["headers"]["x-trace"] == "t1"
     assert seen["client"] == "127.0.0.1"
-    assert response.request.url.host == "127.0.0.1"
+    assert response.pinned_url.host == "127.0.0.1"
 
 
-async def test_post_pinned_uses_the_default_port_authority_and_ipv4_mapped_pin(server: Running) -> None:
+async def test_send_pinned_uses_the_default_port_authority_and_ipv4_mapped_pin(server: Running) -> None:
     url = f"http://[::ffff:127.0.0.1]:{server.port}/p"
     target = await check_target(url, DEV)
     assert target.ip == "127.0.0.1"
     async with new_client(DEV) as client:
-        response = await post_pinned(client, target, content=b"", headers={}, timeout=TIMEOUT)
+        response = await send_pinned(client, target, content=b"", headers={}, timeout=TIMEOUT)
     assert response.status_code == 202
     assert server.seen.requests[0]["headers"]["host"] == f"[::ffff:127.0.0.1]:{server.port}"
 
@@ -580,22 +582,23 @@ async def test_a_redirect_is_returned_as_is_and_never_followed(server: Running) 
     )
     # Even a client that follows redirects by default must not follow this one.
     async with httpx.AsyncClient(follow_redirects=True, trust_env=False) as client:
-        response = await post_pinned(client, target, content=b"{}", headers={}, timeout=TIMEOUT)
+        response = await send_pinned(client, target, content=b"{}", headers={}, timeout=TIMEOUT)
     assert response.status_code == 302
     assert response.headers["location"] == "http://127.0.0.1:1/elsewhere"
     assert response.content == b"moved"
-    assert response.history == []
+    assert response.is_redirect
     assert [r["raw_path"] for r in server.seen.requests] == [b"/redirect"]
 
 
 async def test_the_response_body_is_capped(server: Running) -> None:
     target = await check_target(f"http://127.0.0.1:{server.port}/big", DEV)
     async with new_client(DEV) as client:
-        response = await post_pinned(
+        response = await send_pinned(
             client, target, content=b"", headers={}, timeout=TIMEOUT, max_response_bytes=1000
         )
     assert response.status_code == 200
     assert response.content == b"x" * 1000
+    assert response.truncated, "the server sent more than was read"
 
 
 async def test_total_timeout_bounds_a_trickling_response(server: Running) -> None:
@@ -603,7 +606,7 @@ async def test_total_timeout_bounds_a_trickling_response(server: Running) -> Non
     started = time.monotonic()
     async with new_client(DEV) as client:
         with pytest.raises(httpx.TimeoutException):
-            await post_pinned(client, target, content=b"", headers={}, timeout=TIMEOUT, total_timeout=0.3)
+            await send_pinned(client, target, content=b"", headers={}, timeout=TIMEOUT, total_timeout=0.3)
     assert time.monotonic() - started < 3
 
 
@@ -699,10 +702,11 @@ async def test_https_verifies_the_certificate_against_the_name_not_the_ip(
     running.seen.requests.clear()
     resolver = _loopback_resolver("hooks.example")
     target = await check_target(f"https://hooks.example:{running.port}/in?x=1", DEV, resolver=resolver)
-    response = await post_pinned(tls_client, target, content=b"{}", headers={}, timeout=TIMEOUT)
+    response = await send_pinned(tls_client, target, content=b"{}", headers={}, timeout=TIMEOUT)
     assert response.status_code == 202
     [seen] = running.seen.requests
     assert seen["headers"]["host"] == f"hooks.example:{running.port}"
+    assert seen["headers"]["connection"] == "close", "httpx's pool keys by ip:port: no keep-alive"
     assert (seen["raw_path"], seen["query_string"]) == (b"/in", b"x=1")
 
 
@@ -713,7 +717,7 @@ async def test_https_to_a_name_the_certificate_does_not_cover_fails(
     resolver = _loopback_resolver("other.example")
     target = await check_target(f"https://other.example:{running.port}/in", DEV, resolver=resolver)
     with pytest.raises(httpx.ConnectError, match="CERTIFICATE_VERIFY_FAILED"):
-        await post_pinned(tls_client, target, content=b"{}", headers={}, timeout=TIMEOUT)
+        await send_pinned(tls_client, target, content=b"{}", headers={}, timeout=TIMEOUT)
 
 
 async def test_a_connection_verified_for_one_name_is_not_reused_for_another_on_the_same_address(
@@ -725,6 +729,55 @@ async def test_a_connection_verified_for_one_name_is_not_reused_for_another_on_t
     resolver = _loopback_resolver("hooks.example", "other.example")
     good = await check_target(f"https://hooks.example:{running.port}/in", DEV, resolver=resolver)
     other = await check_target(f"https://other.example:{running.port}/in", DEV, resolver=resolver)
-    assert (await post_pinned(tls_client, good, content=b"", headers={}, timeout=TIMEOUT)).status_code == 202
+    assert (await send_pinned(tls_client, good, content=b"", headers={}, timeout=TIMEOUT)).status_code == 202
     with pytest.raises(httpx.ConnectError, match="CERTIFICATE_VERIFY_FAILED"):
-        await post_pinned(tls_client, other, content=b"", headers={}, timeout=TIMEOUT)
+        await send_pinned(tls_client, other, content=b"", headers={}, timeout=TIMEOUT)
+
+
+async def test_a_pinned_client_keeps_https_alive_per_name_and_never_across_names(
+    tls_server: tuple[Running, Pki],
+) -> None:
+    # A PinnedClient pools by (scheme, ip, port, name): three requests to hooks.example share
+    # one verified connection, and other.example on the same address gets its own handshake,
+    # which fails (its certificate was never issued), instead of riding hooks.example's.
+    running, pki = tls_server
+    running.seen.requests.clear()
+    resolver = _loopback_resolver("hooks.example", "other.example")
+    good = await check_target(f"https://hooks.example:{running.port}/in", DEV, resolver=resolver)
+    other = await check_target(f"https://other.example:{running.port}/in", DEV, resolver=resolver)
+    transport = OriginTransport(ssl_context=pki.client_context())
+    async with PinnedClient(timeout=TIMEOUT, transport=transport) as client:
+        for _ in range(3):
+            response = await send_pinned(client, good, content=b"{}", headers={}, timeout=TIMEOUT)
+            assert response.status_code == 202
+        with pytest.raises(httpx.ConnectError, match="CERTIFICATE_VERIFY_FAILED"):
+            await send_pinned(client, other, content=b"", headers={}, timeout=TIMEOUT)
+        assert transport.idle_connections(("https", "127.0.0.1", running.port, "hooks.example")) == 1
+    seen = running.seen.requests
+    assert len(seen) == 3
+    assert len({r["client_port"] for r in seen}) == 1, "one connection for the three"
+    assert all("connection" not in r["headers"] for r in seen)
+    assert {r["headers"]["host"] for r in seen} == {f"hooks.example:{running.port}"}
+
+
+async def test_send_pinned_gets_with_no_body_and_reports_a_cut_body(server: Running) -> None:
+    target = await check_target(f"http://127.0.0.1:{server.port}/big?x=1", DEV)
+    async with new_client(DEV) as client:
+        response = await send_pinned(
+            client,
+            target,
+            method="get",
+            headers={"Accept": "text/plain"},
+            timeout=TIMEOUT,
+            max_response_bytes=10,
+        )
+    assert (response.status_code, response.content, response.truncated) == (200, b"x" * 10, True)
+    [seen] = server.seen.requests
+    assert (seen["method"], seen["raw_path"], seen["query_string"], seen["body"]) == (
+        "GET",
+        b"/big",
+        b"x=1",
+        b"",
+    )
+    assert "content-length" not in seen["headers"]
+    assert seen["headers"]["accept"] == "text/plain"

@@ -11,11 +11,13 @@ a relay loop, a test or a benchmark calls it the same way. One call:
    without a request;
 4. checks each distinct target URL once with the SSRF guard (at delivery time: DNS may have
    changed since registration) and pins the checked address;
-5. signs and POSTs every delivery concurrently, each signed afresh (new ``created``), at most
+5. signs and POSTs every delivery, each signed afresh (new ``created``), at most
    ``per_endpoint_concurrency`` at a time per endpoint in this process, each bounded by
-   ``total_timeout``; a delivery whose endpoint stays busy until a try could no longer finish
-   within the lease is deferred untried (back to pending, due now): a slow endpoint slows its
-   own deliveries, and never makes a lease expire mid-try;
+   ``total_timeout``; a batch uses the endpoint slots free when it arrives and never waits for
+   slots other batches hold: deliveries to a saturated endpoint are deferred untried (back to
+   pending, due now), as are those a try could no longer finish within the lease. A hung
+   endpoint thus holds at most ``per_endpoint_concurrency`` tries (and worker threads) per
+   process, and never stalls other subscriptions or makes a lease expire mid-try;
 6. judges each try (:func:`usp_workers.verdict.judge`) and records all attempts and new states
    in one transaction, fenced by the lease (:func:`usp_workers.store.record`).
 
@@ -49,11 +51,18 @@ from .runtime import background_runtime
 from .schedule import RetrySchedule
 from .settings import Settings
 from .ssrf import ResolvedTarget, Resolver, check_target
-from .store import AttemptRow, Claimed, DeliveryUpdate, claim, load, record
+from .store import AttemptRow, Claimed, DeliveryUpdate, claim_and_load, record
 from .transport import TryResult, endpoint_slot, refused_result, send_once
 from .verdict import Verdict, judge
 
-__all__ = ["RECORD_MARGIN", "BatchReport", "DeliveryResult", "deliver_batch", "deliver_batch_sync"]
+__all__ = [
+    "RECORD_MARGIN",
+    "SLOT_WAIT",
+    "BatchReport",
+    "DeliveryResult",
+    "deliver_batch",
+    "deliver_batch_sync",
+]
 
 logger = logging.getLogger("usp_workers")
 
@@ -61,6 +70,10 @@ Clock = Callable[[], datetime]
 
 #: Seconds kept in reserve at the end of a lease for recording the batch's results.
 RECORD_MARGIN = 2.0
+#: Seconds a batch waits for an endpoint slot another batch holds before deferring its
+#: deliveries to that endpoint: long enough to smooth contention on a fast endpoint, short
+#: enough that a hung endpoint never parks worker threads.
+SLOT_WAIT = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,13 +178,12 @@ async def deliver_batch(
     keys = await anyio.to_thread.run_sync(partial(current_signing_keys, engine, settings, now=now()))
     claimed_at = now()
     lease_until = claimed_at + timedelta(seconds=settings.lease_seconds)
-    claimed = await anyio.to_thread.run_sync(
-        partial(claim, engine, ids, now=claimed_at, lease_until=lease_until)
+    claimed, events, subscriptions = await anyio.to_thread.run_sync(
+        partial(claim_and_load, engine, ids, now=claimed_at, lease_until=lease_until)
     )
     report.claimed = len(claimed)
     if not claimed:
         return report
-    events, subscriptions = await anyio.to_thread.run_sync(load, engine, claimed)
     batch = _Batch(
         settings=settings,
         client=client,
@@ -249,45 +261,77 @@ class _Batch:
             else:
                 sendable.append((delivery, event, subscription))
         targets = await _check_targets({sub.url for _, _, sub in sendable}, self.settings, resolver)
+        groups: dict[int, list[tuple[Claimed, EventRecord, Subscription]]] = {}
+        slots: dict[int, anyio.Semaphore] = {}
         async with anyio.create_task_group() as group:
-            for delivery, event, subscription in sendable:
-                group.start_soon(self._try, delivery, event, subscription, targets[subscription.url])
+            for item in sendable:
+                target = targets[item[2].url]
+                if isinstance(target, Exception):
+                    self._conclude(item[0], item[2], refused_result(target, self.now()))
+                    continue
+                slot = endpoint_slot(target, self.settings.per_endpoint_concurrency)
+                slots[id(slot)] = slot
+                groups.setdefault(id(slot), []).append(item)
+            for key, items in groups.items():
+                group.start_soon(self._run_endpoint, slots[key], items, targets)
 
-    async def _try(
+    async def _run_endpoint(
         self,
-        delivery: Claimed,
-        event: EventRecord,
-        subscription: Subscription,
-        target: ResolvedTarget | Exception,
+        slot: anyio.Semaphore,
+        items: list[tuple[Claimed, EventRecord, Subscription]],
+        targets: dict[str, ResolvedTarget | Exception],
     ) -> None:
-        if isinstance(target, Exception):
-            self._conclude(delivery, subscription, refused_result(target, self.now()))
-            return
-        slot = endpoint_slot(target, self.settings.per_endpoint_concurrency)
-        if not await self._wait_for(slot):
-            self._defer(delivery)
-            return
-        try:
-            result = await self._send(delivery, event, subscription, target)
-        finally:
-            slot.release()
-        self._conclude(delivery, subscription, result)
+        """Send this batch's deliveries to one endpoint with the endpoint slots free *now*.
 
-    async def _wait_for(self, slot: anyio.Semaphore) -> bool:
-        """Take an endpoint slot, but only while a try started now still ends (``total_timeout``)
-        and is recorded (:data:`RECORD_MARGIN`) within our lease. Waiting longer would let the
-        lease expire mid-try, and another worker would send the same delivery again."""
+        A batch never waits (beyond :data:`SLOT_WAIT`) for slots other batches hold: if the
+        endpoint is saturated its deliveries are deferred and the worker thread is released at
+        once, so a hung endpoint holds at most ``per_endpoint_concurrency`` tries per process
+        and every other subscription keeps flowing. The slots it does get are reused for the
+        rest of its deliveries, one after another, while a try still fits in the lease.
+        """
+        taken = 0
+        while taken < len(items):
+            try:
+                slot.acquire_nowait()
+            except anyio.WouldBlock:
+                break
+            taken += 1
+        if taken == 0 and self._lease_budget() > 0:
+            with anyio.move_on_after(min(SLOT_WAIT, self._lease_budget())):
+                await slot.acquire()
+                taken = 1
+        if taken == 0:
+            for delivery, _, _ in items:
+                self._defer(delivery)
+            return
+        queue = list(reversed(items))
+
+        async def sender() -> None:
+            first = True  # a slot free on arrival is used at once, as a fresh batch would
+            while queue:
+                delivery, event, subscription = queue.pop()
+                if not first and self._lease_budget() <= 0:
+                    self._defer(delivery)
+                    continue
+                first = False
+                target = targets[subscription.url]
+                assert isinstance(target, ResolvedTarget)
+                result = await self._send(delivery, event, subscription, target)
+                self._conclude(delivery, subscription, result)
+
         try:
-            slot.acquire_nowait()
-            return True
-        except anyio.WouldBlock:
-            pass
-        budget = (self.lease_until - self.now()).total_seconds()
-        budget -= self.settings.total_timeout + RECORD_MARGIN
-        with anyio.move_on_after(max(budget, 0.0)):
-            await slot.acquire()
-            return True
-        return False
+            async with anyio.create_task_group() as group:
+                for _ in range(taken):
+                    group.start_soon(sender)
+        finally:
+            for _ in range(taken):
+                slot.release()
+
+    def _lease_budget(self) -> float:
+        """Seconds left to *start* a try that still ends (``total_timeout``) and is recorded
+        (:data:`RECORD_MARGIN`) within our lease; past that, another worker may take it over."""
+        remaining = (self.lease_until - self.now()).total_seconds()
+        return remaining - self.settings.total_timeout - RECORD_MARGIN
 
     async def _send(
         self, delivery: Claimed, event: EventRecord, subscription: Subscription, target: ResolvedTarget

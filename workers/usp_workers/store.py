@@ -1,6 +1,7 @@
 """The delivery engine's database work: claim a batch, load what it needs, record what happened.
 
-Three short transactions per batch, none held open across the network:
+Two short transactions per batch (claim and load share one: :func:`claim_and_load`), none held
+open across the network:
 
 1. **claim** — one conditional ``UPDATE … RETURNING``: due ``pending`` deliveries (and
    ``in_flight`` ones whose lease has expired: their worker vanished) become ``in_flight`` with a
@@ -26,7 +27,7 @@ from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
-from sqlmodel import SQLModel, col, select
+from sqlmodel import Session, SQLModel, col, select
 
 from .db import session
 from .models import (
@@ -38,7 +39,7 @@ from .models import (
     SubscriptionState,
 )
 
-__all__ = ["AttemptRow", "Claimed", "DeliveryUpdate", "claim", "load", "record"]
+__all__ = ["AttemptRow", "Claimed", "DeliveryUpdate", "claim", "claim_and_load", "load", "record"]
 
 _deliveries: sa.Table = SQLModel.metadata.tables[Delivery.__tablename__]
 _attempts: sa.Table = SQLModel.metadata.tables[Attempt.__tablename__]
@@ -94,6 +95,32 @@ def claim(engine: Engine, ids: Sequence[str], *, now: datetime, lease_until: dat
     left alone and not returned."""
     if not ids:
         return []
+    with engine.begin() as connection:
+        return _claim(connection, ids, now=now, lease_until=lease_until)
+
+
+def claim_and_load(
+    engine: Engine, ids: Sequence[str], *, now: datetime, lease_until: datetime
+) -> tuple[list[Claimed], dict[str, EventRecord], dict[str, Subscription]]:
+    """:func:`claim` and :func:`load` in one transaction on one connection.
+
+    Why: a batch's fixed database cost is mostly per transaction, not per row (a connection
+    checkout with its pre-ping round trip, ``BEGIN``, ``COMMIT``: ~0.3 ms of CPU each on
+    PostgreSQL here), and small batches (an API emitting a few events per request) pay it per
+    handful of deliveries. Reading the rows in the claiming transaction sees the same rows.
+    """
+    if not ids:
+        return [], {}, {}
+    with session(engine) as s:
+        claimed = _claim(s.connection(), ids, now=now, lease_until=lease_until)
+        events, subscriptions = _load(s, claimed) if claimed else ({}, {})
+        s.commit()
+    return claimed, events, subscriptions
+
+
+def _claim(
+    connection: sa.Connection, ids: Sequence[str], *, now: datetime, lease_until: datetime
+) -> list[Claimed]:
     due = sa.or_(
         sa.and_(
             _deliveries.c.status == DeliveryStatus.PENDING.value,
@@ -120,8 +147,7 @@ def claim(engine: Engine, ids: Sequence[str], *, now: datetime, lease_until: dat
             _deliveries.c.attempt_count,
         )
     )
-    with engine.begin() as connection:
-        rows = connection.execute(statement).all()
+    rows = connection.execute(statement).all()
     return [Claimed(row.id, row.event_id, row.subscription_id, row.attempt_count) for row in rows]
 
 
@@ -129,15 +155,17 @@ def load(
     engine: Engine, claimed: Iterable[Claimed]
 ) -> tuple[dict[str, EventRecord], dict[str, Subscription]]:
     """The events and subscriptions of ``claimed``, by id (one query each)."""
-    claimed = list(claimed)
+    with session(engine) as s:
+        return _load(s, list(claimed))
+
+
+def _load(s: Session, claimed: Sequence[Claimed]) -> tuple[dict[str, EventRecord], dict[str, Subscription]]:
     event_ids = sorted({c.event_id for c in claimed})
     subscription_ids = sorted({c.subscription_id for c in claimed})
-    with session(engine) as s:
-        events = {e.id: e for e in s.exec(select(EventRecord).where(col(EventRecord.id).in_(event_ids)))}
-        subscriptions = {
-            sub.id: sub
-            for sub in s.exec(select(Subscription).where(col(Subscription.id).in_(subscription_ids)))
-        }
+    events = {e.id: e for e in s.exec(select(EventRecord).where(col(EventRecord.id).in_(event_ids)))}
+    subscriptions = {
+        sub.id: sub for sub in s.exec(select(Subscription).where(col(Subscription.id).in_(subscription_ids)))
+    }
     return events, subscriptions
 
 

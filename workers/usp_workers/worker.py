@@ -26,8 +26,10 @@ __all__ = ["DEFAULT_CONCURRENCY", "run_worker", "worker_argv"]
 logger = logging.getLogger("usp_workers")
 
 #: Batches one worker process runs at once (threads). Each thread only waits for its batch on
-#: the shared loop, so this bounds concurrent batches (times ``batch_size`` tries), not CPU use.
-DEFAULT_CONCURRENCY = 8
+#: the shared loop, so this bounds concurrent batches, not CPU use. Well above
+#: ``per_endpoint_concurrency`` (8): a hung endpoint can hold that many threads with tries in
+#: flight, and the rest must stay free for every other subscription.
+DEFAULT_CONCURRENCY = 32
 
 
 def worker_argv(

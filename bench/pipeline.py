@@ -1,0 +1,789 @@
+"""End-to-end delivery throughput and latency: emit → broker → Celery workers → one local receiver.
+
+Run: ``uv run python bench/pipeline.py [--events 10000] [--workers 2] [--skip naive,verify]``
+
+Everything runs on this machine, talking to 127.0.0.1 only, with real processes as deployed:
+
+* a **receiver**: a minimal ASGI app under uvicorn in a subprocess, which records when each
+  event first arrived (``USP-Event-Id``) and answers 204. The *fast* receiver skips signature
+  verification, so that the rows measure the pipeline rather than the receiver (it shares the
+  CPU); the *verifying* receiver runs ``usp_receiver``'s own ``WebhookApp`` (digest, signature,
+  policy, dedupe) on every delivery, against the JWKS the database publishes;
+* **workers**: ``celery -A usp_workers.celery_app worker`` subprocesses (threads pool) configured
+  only by ``USP_*`` variables, and the **relay** (``run_relay``) in a subprocess;
+* the **emitter** is this process: ``usp_workers.outbox.emit`` with the enqueuer installed, as
+  the API does. Its CPU is part of the measurement.
+
+Per configuration it measures:
+
+1. **deliveries/s**: ``--events`` events (one subscription, so one delivery each) emitted in
+   transactions of ``--transaction`` events; from the first emit to the last 2xx at the receiver;
+2. **enqueue→2xx latency p50/p99** at about half that rate: events emitted in one transaction
+   every 10 ms (paced), each timed from its commit (which hands it to the broker) to its first
+   arrival at the receiver.
+
+Configurations: Redis broker + PostgreSQL (fast receiver; and verifying receiver), the embedded
+broker + SQLite (fast receiver), and the **naive design** (one Celery task per delivery, a sync
+``httpx.Client`` built once per worker process, prefork pool, Redis + PostgreSQL; implemented
+below, not in the product). Plus raw Ed25519 signs/s (``cryptography``) and our ``sign_request``.
+
+Redis database 12 is used (and only it is flushed); PostgreSQL gets a schema of its own, dropped
+at the end. Every subprocess runs in its own process group and is stopped on exit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable, Iterator, Mapping, MutableMapping, Sequence
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass, field
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import httpx
+import sqlalchemy as sa
+from celery import Celery
+from celery.signals import after_setup_logger
+from cryptography.hazmat.primitives.asymmetric import ed25519
+from rich.console import Console
+from rich.table import Table
+from sqlalchemy.engine import Engine
+from sqlmodel import Session, col, func, select
+
+from usp_receiver import SigningKey, sign_request
+from usp_schemas import BOOKING_CONFIRMED_EXAMPLE, new_event_id
+from usp_workers import outbox, store, tasks
+from usp_workers.db import make_engine, session, upgrade
+from usp_workers.keycache import current_signing_keys
+from usp_workers.keys import ensure_signing_key, published_jwks
+from usp_workers.models import Delivery, DeliveryStatus, Subscription, utcnow
+from usp_workers.payloads import build_delivery_request
+from usp_workers.settings import Settings
+from usp_workers.worker import worker_argv
+
+BENCH_DIR = Path(__file__).resolve().parent
+DEFAULT_REDIS = "redis://127.0.0.1:6379/12"
+DEFAULT_POSTGRES = os.environ.get(
+    "USP_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test"
+)
+READY_TIMEOUT = 60.0
+PACE_TICK = 0.01  #: seconds between the latency phase's transactions
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Any]
+Send = Callable[[Message], Any]
+
+
+# ============================================================================ the receiver process
+
+
+class Recorder:
+    """The receiver's ASGI app: ``POST /hook`` records the first arrival of each event id and
+    answers 204 (or hands the request to ``verifying``, which records from its handler);
+    ``GET /stats`` and ``GET /arrivals`` report, ``POST /reset`` forgets."""
+
+    def __init__(self, verifying: Any | None = None) -> None:
+        self.arrivals: dict[str, float] = {}
+        self.posts = 0
+        self.refused = 0
+        self.verifying = verifying
+
+    def record(self, event_id: str) -> None:
+        self.arrivals.setdefault(event_id, time.time())
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return
+        path = scope["path"]
+        if path == "/hook":
+            self.posts += 1
+            if self.verifying is not None:
+                status: list[int] = []
+
+                async def watch(message: Message) -> None:
+                    if message["type"] == "http.response.start":
+                        status.append(message["status"])
+                    await send(message)
+
+                await self.verifying(scope, receive, watch)
+                if status and not 200 <= status[0] < 300:
+                    self.refused += 1
+                return
+            while (await receive()).get("more_body"):
+                pass
+            for name, value in scope["headers"]:
+                if name == b"usp-event-id":
+                    self.record(value.decode())
+                    break
+            await _respond(send, 204, b"")
+        elif path == "/stats":
+            body = {"posts": self.posts, "unique": len(self.arrivals), "refused": self.refused}
+            await _respond(send, 200, json.dumps(body).encode())
+        elif path == "/arrivals":
+            await _respond(send, 200, json.dumps(self.arrivals).encode())
+        elif path == "/reset":
+            self.arrivals.clear()
+            self.posts = self.refused = 0
+            await _respond(send, 204, b"")
+        else:
+            await _respond(send, 404, b"")
+
+
+async def _respond(send: Send, status: int, body: bytes) -> None:
+    headers = [(b"content-type", b"application/json")] if body else []
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+def run_receiver(port: int, jwks_path: str | None) -> None:
+    """The receiver subprocess (``pipeline.py receiver PORT [JWKS]``)."""
+    import uvicorn
+
+    from usp_receiver import JWKS, ReceivedWebhook, Verifier, WebhookReceiver
+    from usp_receiver.asgi import WebhookApp
+
+    verifying = None
+    recorder = Recorder()
+    if jwks_path is not None:
+        jwks = JWKS.from_dict(json.loads(Path(jwks_path).read_text()))
+
+        async def handle(hook: ReceivedWebhook) -> None:
+            recorder.record(hook.event.event_id)
+
+        verifying = WebhookApp(WebhookReceiver(Verifier(jwks), handle))
+        recorder.verifying = verifying
+    uvicorn.run(
+        recorder,
+        host="127.0.0.1",
+        port=port,
+        log_level="warning",
+        access_log=False,
+        lifespan="off",
+        ws="none",
+        http="h11",
+    )
+
+
+# ============================================================================ the naive design
+
+NAIVE_QUEUE = "bench.naive"
+NAIVE_TASK = "bench.naive_deliver"
+
+
+def _naive_app() -> Celery:
+    broker = os.environ.get("USP_BROKER_URL", DEFAULT_REDIS)
+    app = Celery("bench_naive", broker=broker, set_as_current=False)
+    app.conf.update(
+        task_serializer="json",
+        accept_content=["json"],
+        task_ignore_result=True,
+        task_default_queue=NAIVE_QUEUE,
+        broker_connection_retry_on_startup=True,
+        worker_cancel_long_running_tasks_on_connection_loss=False,
+    )
+    return app
+
+
+def _quiet_naive_worker(**_: Any) -> None:
+    """As the product's workers do: no log line per task (it would cost the naive design CPU
+    that has nothing to do with its shape)."""
+    for name in ("httpx", "httpcore", "celery.app.trace", "celery.worker.strategy"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+
+
+after_setup_logger.connect(_quiet_naive_worker, weak=False)
+
+#: ``celery -A pipeline:naive_app worker`` (with ``bench/`` on ``PYTHONPATH``).
+naive_app = _naive_app()
+_naive_state: dict[str, Any] = {}
+
+
+def _naive_deliver(delivery_id: str) -> str:
+    """One delivery per task: claim it, sign it, POST it with the process's sync client, record
+    it. The same store and signing code as the engine; only the shape differs."""
+    if _naive_state.get("pid") != os.getpid():  # built once per (forked) worker process
+        settings = Settings()
+        _naive_state.update(
+            pid=os.getpid(),
+            settings=settings,
+            engine=make_engine(settings),
+            client=httpx.Client(timeout=settings.total_timeout, trust_env=False),
+        )
+    settings, engine = _naive_state["settings"], _naive_state["engine"]
+    client: httpx.Client = _naive_state["client"]
+    keys = current_signing_keys(engine, settings)
+    now = utcnow()
+    lease = now + timedelta(seconds=settings.lease_seconds)
+    claimed = store.claim(engine, [delivery_id], now=now, lease_until=lease)
+    if not claimed:
+        return "skipped"
+    events, subscriptions = store.load(engine, claimed)
+    [item] = claimed
+    event, subscription = events[item.event_id], subscriptions[item.subscription_id]
+    body, headers = build_delivery_request(
+        event, subscription, keys, created=int(now.timestamp()), delivery_id=item.id
+    )
+    started = time.perf_counter()
+    response = client.post(subscription.url, content=body, headers=headers)
+    ok = 200 <= response.status_code < 300
+    store.record(
+        engine,
+        attempts=[
+            store.AttemptRow(
+                item.id,
+                1,
+                now,
+                (time.perf_counter() - started) * 1000,
+                response.status_code,
+                None,
+                None,
+                "succeeded" if ok else "retry",
+            )
+        ],
+        updates=[
+            store.DeliveryUpdate(
+                item.id,
+                DeliveryStatus.SUCCEEDED if ok else DeliveryStatus.PENDING,
+                tried=True,
+                next_attempt_at=None if ok else utcnow(),
+                last_status_code=response.status_code,
+            )
+        ],
+        lease_until=lease,
+        now=utcnow(),
+    )
+    return "delivered"
+
+
+naive_app.task(name=NAIVE_TASK, ignore_result=True)(_naive_deliver)
+
+
+# ============================================================================ processes
+
+
+class Process:
+    """A subprocess in its own process group, its output in a file."""
+
+    def __init__(self, name: str, argv: Sequence[str], env: Mapping[str, str], folder: Path) -> None:
+        self.name = name
+        self.log_path = folder / f"{name}.log"
+        self._log = self.log_path.open("wb")
+        self.process = subprocess.Popen(
+            list(argv),
+            cwd=folder,
+            env=dict(env),
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+    def output(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def cpu_seconds(self) -> float:
+        """CPU time (user + system) used so far by every live process of this one's group
+        (a prefork worker's children included)."""
+        return group_cpu_seconds(self.process.pid)
+
+    def wait_for(self, text: str, timeout: float = READY_TIMEOUT) -> None:
+        deadline = time.monotonic() + timeout
+        while text not in self.output():
+            if self.process.poll() is not None:
+                raise RuntimeError(f"{self.name} exited with {self.process.returncode}:\n{self.output()}")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{self.name} not ready within {timeout} s:\n{self.output()}")
+            time.sleep(0.1)
+
+    def stop(self, timeout: float = 15.0) -> None:
+        """SIGTERM to the whole group, SIGKILL if it lingers."""
+        if self.process.poll() is None:
+            with suppress(ProcessLookupError):
+                os.killpg(self.process.pid, signal.SIGTERM)
+            try:
+                self.process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                with suppress(ProcessLookupError):
+                    os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait(10)
+        with suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.process.pid, signal.SIGKILL)  # stragglers (prefork children)
+        self._log.close()
+
+
+@dataclass
+class Stack:
+    """Everything one configuration started; stopped in reverse order."""
+
+    processes: list[Process] = field(default_factory=list)
+
+    def start(self, name: str, argv: Sequence[str], env: Mapping[str, str], folder: Path) -> Process:
+        process = Process(name, argv, env, folder)
+        self.processes.append(process)
+        return process
+
+    def stop(self) -> None:
+        for process in reversed(self.processes):
+            process.stop()
+        self.processes.clear()
+
+
+_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def group_cpu_seconds(pgid: int) -> float:
+    """CPU seconds of the live processes in process group ``pgid`` (Linux ``/proc``; 0 elsewhere)."""
+    total = 0
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rpartition(")")[2].split()
+        except OSError:
+            continue
+        # After the command: state ppid pgrp session ... utime(12th) stime(13th).
+        if int(fields[2]) == pgid:
+            total += int(fields[11]) + int(fields[12])
+    return total / _TICKS
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+    return port
+
+
+# ============================================================================ databases, brokers
+
+
+@contextmanager
+def database(kind: str, folder: Path, postgres_url: str) -> Iterator[str]:
+    """A fresh database URL: a SQLite file, or a PostgreSQL schema of its own (dropped after)."""
+    if kind == "sqlite":
+        yield f"sqlite:///{folder / 'usp.sqlite3'}"
+        return
+    schema = f"usp_bench_{uuid.uuid4().hex[:10]}"
+    admin = sa.create_engine(postgres_url)
+    try:
+        with admin.begin() as connection:
+            connection.execute(sa.text(f'CREATE SCHEMA "{schema}"'))
+        url = sa.make_url(postgres_url).update_query_dict({"options": f"-csearch_path={schema}"})
+        yield url.render_as_string(hide_password=False)
+    finally:
+        with admin.begin() as connection:
+            connection.execute(sa.text(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE'))
+        admin.dispose()
+
+
+def flush_redis(url: str) -> None:
+    import redis
+
+    client = redis.Redis.from_url(url)
+    try:
+        client.flushdb()  # the URL names database 12: only it is emptied
+    finally:
+        client.close()
+
+
+# ============================================================================ one configuration
+
+
+@dataclass(frozen=True)
+class Config:
+    name: str
+    broker: str  #: "redis" or "embedded"
+    database: str  #: "postgresql" or "sqlite"
+    verify: bool = False
+    naive: bool = False
+
+
+@dataclass
+class Result:
+    config: Config
+    rate: float | None = None
+    seconds: float | None = None
+    p50: float | None = None
+    p99: float | None = None
+    paced_rate: float | None = None
+    paced_events: int = 0
+    duplicates: int = 0
+    note: str = ""
+    cpu_us: dict[str, float] = field(default_factory=dict)  #: CPU µs per delivery, by component
+
+
+class Receiver:
+    def __init__(self, port: int) -> None:
+        self.base = f"http://127.0.0.1:{port}"
+        self.http = httpx.Client(timeout=10, trust_env=False)
+
+    def wait_ready(self, process: Process) -> None:
+        deadline = time.monotonic() + READY_TIMEOUT
+        while True:
+            try:
+                self.stats()
+                return
+            except httpx.TransportError:
+                if process.process.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"the receiver did not start:\n{process.output()}") from None
+                time.sleep(0.1)
+
+    def stats(self) -> dict[str, int]:
+        stats: dict[str, int] = self.http.get(self.base + "/stats").json()
+        return stats
+
+    def arrivals(self) -> dict[str, float]:
+        arrivals: dict[str, float] = self.http.get(self.base + "/arrivals").json()
+        return arrivals
+
+    def reset(self) -> None:
+        self.http.post(self.base + "/reset")
+
+    def wait_for(self, ids: set[str], timeout: float) -> dict[str, float]:
+        """Poll until every id in ``ids`` arrived; their first arrival times."""
+        deadline = time.monotonic() + timeout
+        while self.stats()["unique"] < len(ids):
+            if time.monotonic() > deadline:
+                got = self.stats()
+                raise RuntimeError(f"only {got['unique']} of {len(ids)} events arrived in {timeout:.0f} s")
+            time.sleep(0.05)
+        arrivals = self.arrivals()
+        return {event_id: arrivals[event_id] for event_id in ids}
+
+
+def event_body() -> dict[str, Any]:
+    event: dict[str, Any] = json.loads(BOOKING_CONFIRMED_EXAMPLE)
+    return event
+
+
+def emit_burst(engine: Engine, count: int, per_transaction: int) -> dict[str, float]:
+    """Emit ``count`` events; each event's commit time (its hand-off to the broker)."""
+    template = event_body()
+    committed: dict[str, float] = {}
+    while len(committed) < count:
+        ids = []
+        with session(engine) as s:
+            stamp = utcnow().strftime("%Y-%m-%dT%H:%M:%SZ")
+            for _ in range(min(per_transaction, count - len(committed))):
+                event_id = new_event_id()
+                outbox.emit(s, template | {"event_id": event_id, "timestamp": stamp})
+                ids.append(event_id)
+            s.commit()
+        moment = time.time()
+        committed.update(dict.fromkeys(ids, moment))
+    return committed
+
+
+def emit_paced(engine: Engine, rate: float, seconds: float) -> dict[str, float]:
+    """Emit at ``rate`` events/s for ``seconds``: one transaction every :data:`PACE_TICK`."""
+    template = event_body()
+    committed: dict[str, float] = {}
+    started = time.monotonic()
+    tick = 0
+    while (elapsed := time.monotonic() - started) < seconds:
+        due = int(rate * min(elapsed + PACE_TICK, seconds)) - len(committed)
+        if due > 0:
+            ids = []
+            with session(engine) as s:
+                stamp = utcnow().strftime("%Y-%m-%dT%H:%M:%SZ")
+                for _ in range(due):
+                    event_id = new_event_id()
+                    outbox.emit(s, template | {"event_id": event_id, "timestamp": stamp})
+                    ids.append(event_id)
+                s.commit()
+            moment = time.time()
+            committed.update(dict.fromkeys(ids, moment))
+        tick += 1
+        pause = started + tick * PACE_TICK - time.monotonic()
+        if pause > 0:
+            time.sleep(pause)
+    return committed
+
+
+def succeeded(engine: Engine) -> int:
+    with Session(engine) as s:
+        statement = select(func.count()).where(col(Delivery.status) == DeliveryStatus.SUCCEEDED.value)
+        return int(s.exec(statement).one())
+
+
+def run_config(config: Config, args: argparse.Namespace, folder: Path) -> Result:
+    result = Result(config)
+    stack = Stack()
+    broker = args.redis_url if config.broker == "redis" else f"sqla+sqlite:///{folder / 'broker.sqlite3'}"
+    if config.broker == "redis":
+        flush_redis(args.redis_url)
+    with database(config.database, folder, args.postgres_url) as url:
+        fields: dict[str, Any] = {
+            "database_url": url,
+            "broker_url": broker,
+            "allow_private_targets": True,
+            "batch_size": args.batch_size,
+            "per_endpoint_concurrency": args.endpoint_concurrency,
+            "relay_interval_seconds": 0.5,
+            "key_publish_lead_seconds": 0.0,
+        }
+        settings = Settings(_env_file=None, **fields)
+        env = {k: v for k, v in os.environ.items() if not k.startswith("USP_")}
+        env |= {f"USP_{k.upper()}": str(v) for k, v in fields.items()}
+        env["PYTHONUNBUFFERED"] = "1"
+        engine = make_engine(settings)
+        try:
+            upgrade(engine)
+            with session(engine) as s:
+                ensure_signing_key(s, settings)
+                s.commit()
+                jwks = published_jwks(s, settings)
+            jwks_path = folder / "jwks.json"
+            jwks_path.write_text(json.dumps(jwks))
+            port = free_port()
+            receiver_argv = [sys.executable, str(Path(__file__).resolve()), "receiver", str(port)]
+            if config.verify:
+                receiver_argv.append(str(jwks_path))
+            receiver = Receiver(port)
+            receiver.wait_ready(stack.start("receiver", receiver_argv, env, folder))
+            with session(engine) as s:
+                s.add(Subscription(url=f"{receiver.base}/hook"))
+                s.commit()
+            celery = start_workers(config, args, stack, env, folder)
+            if celery is not None:
+                outbox.set_enqueuer(lambda ids: _send_naive(celery, ids))
+            else:
+                tasks.install_enqueuer(settings)
+                relay = [
+                    sys.executable,
+                    "-c",
+                    "from usp_workers.relay import run_relay; "
+                    "from usp_workers.settings import Settings; run_relay(Settings())",
+                ]
+                stack.start("relay", relay, env, folder).wait_for("scheduler started")
+            measure(result, engine, receiver, stack, args)
+        finally:
+            outbox.set_enqueuer(None)
+            tasks.uninstall_enqueuer()
+            stack.stop()
+            engine.dispose()
+    if config.broker == "redis":
+        flush_redis(args.redis_url)
+    return result
+
+
+def start_workers(
+    config: Config, args: argparse.Namespace, stack: Stack, env: dict[str, str], folder: Path
+) -> Celery | None:
+    """The worker processes of ``config``, started and ready; for the naive design, the app to
+    send its tasks with."""
+    workers = []
+    for number in range(args.workers):
+        if config.naive:
+            argv = [sys.executable, "-m", "celery", "-A", "pipeline:naive_app", "worker",
+                    "--pool=prefork", f"--concurrency={args.naive_concurrency}", f"--queues={NAIVE_QUEUE}",
+                    "--loglevel=INFO", "--without-gossip", "--without-mingle", "--without-heartbeat",
+                    f"--hostname=naive-{number}@%h"]  # fmt: skip
+            worker_env = env | {"PYTHONPATH": os.pathsep.join([str(BENCH_DIR), env.get("PYTHONPATH", "")])}
+        else:
+            argv = [sys.executable, "-m", "celery", "-A", "usp_workers.celery_app"]
+            argv += [a for a in worker_argv(concurrency=args.concurrency) if not a.startswith("--hostname")]
+            argv.append(f"--hostname=bench-{number}@%h")
+            worker_env = env
+        workers.append(stack.start(f"worker-{number}", argv, worker_env, folder))
+    for worker in workers:
+        worker.wait_for(" ready.")
+    if config.naive:
+        celery = _naive_app()
+        celery.conf.broker_url = env["USP_BROKER_URL"]
+        return celery
+    return None
+
+
+def _send_naive(celery: Celery, ids: Sequence[str]) -> None:
+    for delivery_id in ids:
+        celery.send_task(NAIVE_TASK, args=[delivery_id], queue=NAIVE_QUEUE)
+
+
+def measure(
+    result: Result, engine: Engine, receiver: Receiver, stack: Stack, args: argparse.Namespace
+) -> None:
+    """Phase 1: a burst of ``--events``; phase 2: paced at half the burst's rate."""
+    timeout = args.timeout
+    before = {p.name: p.cpu_seconds() for p in stack.processes}
+    own = time.process_time()
+    started = time.time()
+    committed = emit_burst(engine, args.events, args.transaction)
+    emitter = time.process_time() - own
+    arrivals = receiver.wait_for(set(committed), timeout)
+    finished = max(arrivals.values())
+    used: dict[str, float] = {"emitter": emitter}
+    for process in stack.processes:
+        kind = process.name.split("-")[0]
+        used[kind] = used.get(kind, 0.0) + process.cpu_seconds() - before[process.name]
+    result.cpu_us = {k: v * 1e6 / len(committed) for k, v in used.items()}
+    result.seconds = finished - started
+    result.rate = len(committed) / result.seconds
+    deadline = time.monotonic() + 30
+    while succeeded(engine) < len(committed) and time.monotonic() < deadline:
+        time.sleep(0.1)  # the 2xx is in; the batch records it a moment later
+    stats = receiver.stats()
+    result.duplicates = stats["posts"] - stats["unique"]
+    if stats.get("refused"):
+        result.note += f"{stats['refused']} refused by the receiver; "
+    if args.latency_seconds <= 0:
+        return
+    receiver.reset()
+    paced = result.rate / 2
+    committed = emit_paced(engine, paced, args.latency_seconds)
+    arrivals = receiver.wait_for(set(committed), timeout)
+    latencies = sorted((arrivals[i] - committed[i]) * 1000 for i in committed)
+    result.paced_rate = len(committed) / args.latency_seconds
+    result.paced_events = len(committed)
+    result.p50 = statistics.median(latencies)
+    result.p99 = latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))]
+
+
+# ============================================================================ signing
+
+
+def sign_rates(seconds: float = 1.0) -> tuple[float, float, int]:
+    """Raw Ed25519 signs/s (``cryptography``, a 300-byte message: about a signature base's
+    size), and ``sign_request`` signs/s (content digest + signature base + signature) on the
+    event body the pipeline sends."""
+    raw = ed25519.Ed25519PrivateKey.generate()
+    message = b"x" * 300
+    key = SigningKey.generate()
+    body = json.dumps(event_body() | {"event_id": new_event_id()}).encode()
+    headers = {"Content-Type": "application/json"}
+
+    def rate(operation: Callable[[int], object]) -> float:
+        for i in range(100):
+            operation(i)
+        done, start = 0, time.perf_counter()
+        while time.perf_counter() - start < seconds:
+            for _ in range(200):
+                operation(done)
+                done += 1
+        return done / (time.perf_counter() - start)
+
+    raw_rate = rate(lambda i: raw.sign(message))
+    ours = rate(
+        lambda i: sign_request(
+            "POST", "http://127.0.0.1:9/hook", headers, body, [key], created=1_800_000_000 + i
+        )
+    )
+    return raw_rate, ours, len(body)
+
+
+# ============================================================================ the table
+
+
+CONFIGS = {
+    "redis": Config("engine (batches, per-origin pools)", "redis", "postgresql"),
+    "embedded": Config("engine (batches, per-origin pools)", "embedded", "sqlite"),
+    "verify": Config("engine, receiver verifies (usp_receiver)", "redis", "postgresql", verify=True),
+    "naive": Config("naive: 1 task/delivery, sync httpx.Client", "redis", "postgresql", naive=True),
+}
+
+
+RIGHT = {"deliveries/s", "paced at", "p50 ms", "p99 ms"}
+CPU_PARTS = ("worker", "receiver", "emitter", "relay")
+
+
+def cpu_text(result: Result) -> str:
+    """CPU per delivery by component, e.g. ``worker 420 · receiver 160 · emitter 230 · relay 4``
+    (PostgreSQL and Redis are not counted)."""
+    return " · ".join(f"{part} {result.cpu_us[part]:,.0f}" for part in CPU_PARTS if part in result.cpu_us)
+
+
+def summary(result: Result) -> str:
+    if result.rate is None:
+        return result.note
+    latency = "" if result.p50 is None else f", p50 {result.p50:.1f} ms, p99 {result.p99:.1f} ms"
+    return f"{result.rate:,.0f} deliveries/s{latency}; CPU µs/delivery: {cpu_text(result)}"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--events", type=int, default=10_000, help="events in the burst (one delivery each)")
+    parser.add_argument("--transaction", type=int, default=500, help="events per emitting transaction")
+    parser.add_argument("--latency-seconds", type=float, default=8.0, help="length of the paced phase")
+    parser.add_argument("--workers", type=int, default=2, help="worker processes")
+    parser.add_argument("--concurrency", type=int, default=8, help="threads per engine worker")
+    parser.add_argument("--naive-concurrency", type=int, default=2, help="prefork children per naive worker")
+    parser.add_argument("--batch-size", type=int, default=50)
+    parser.add_argument("--endpoint-concurrency", type=int, default=8, help="USP_PER_ENDPOINT_CONCURRENCY")
+    parser.add_argument("--timeout", type=float, default=180.0, help="seconds to wait for a phase")
+    parser.add_argument("--only", default="", help="comma-separated: redis,embedded,verify,naive")
+    parser.add_argument("--skip", default="", help="comma-separated configurations to skip")
+    parser.add_argument("--redis-url", default=DEFAULT_REDIS)
+    parser.add_argument("--postgres-url", default=DEFAULT_POSTGRES)
+    parser.add_argument("--keep", action="store_true", help="keep the logs folder")
+    args = parser.parse_args()
+
+    chosen = [c.strip() for c in args.only.split(",") if c.strip()] or list(CONFIGS)
+    chosen = [c for c in chosen if c not in {s.strip() for s in args.skip.split(",")}]
+    console = Console(width=max(160, shutil.get_terminal_size().columns))
+    folder = Path(tempfile.mkdtemp(prefix="usp-bench-"))
+    results: list[Result] = []
+    try:
+        for name in chosen:
+            config = CONFIGS[name]
+            console.print(f"[bold]{config.name}[/] ({config.broker} + {config.database}) …")
+            sub = folder / name
+            sub.mkdir()
+            try:
+                results.append(run_config(config, args, sub))
+            except Exception as exc:  # the table still prints; the row says why
+                results.append(Result(config, note=f"failed: {exc}"[:300]))
+                console.print(f"[red]{name} failed[/]: {exc}")
+            console.print(f"  {summary(results[-1])}")
+        raw, ours, body_size = sign_rates()
+    finally:
+        if args.keep:
+            console.print(f"logs kept in {folder}")
+        else:
+            shutil.rmtree(folder, ignore_errors=True)
+
+    table = Table(
+        title=f"USP webhook pipeline, {os.cpu_count()} cores (nproc), {args.events:,} events → one local "
+        f"receiver; {args.workers} worker processes"
+    )
+    for column in ("design", "broker + database", "receiver", "deliveries/s", "paced at", "p50 ms", "p99 ms",
+                   "CPU µs/delivery (burst)", "notes"):  # fmt: skip
+        table.add_column(column, justify="right" if column in RIGHT else "left")
+    for result in results:
+        config = result.config
+        table.add_row(
+            config.name,
+            f"{config.broker} + {config.database}",
+            "verifies" if config.verify else "fast (no verify)",
+            "—" if result.rate is None else f"{result.rate:,.0f}",
+            "—" if result.paced_rate is None else f"{result.paced_rate:,.0f}/s",
+            "—" if result.p50 is None else f"{result.p50:.1f}",
+            "—" if result.p99 is None else f"{result.p99:.1f}",
+            cpu_text(result),
+            (result.note + (f"{result.duplicates} duplicate posts" if result.duplicates else "")).strip("; "),
+        )
+    table.add_row(
+        "raw Ed25519 sign (cryptography)", "", "", f"{raw:,.0f} signs/s", "", "", "", "", "one core"
+    )
+    table.add_row(
+        "sign_request (digest + base + Ed25519)", "", "", f"{ours:,.0f} signs/s", "", "", "", "",
+        f"{100 * ours / raw:.0f}% of raw; {body_size}-byte body",
+    )  # fmt: skip
+    console.print(table)
+
+
+if __name__ == "__main__":
+    if len(sys.argv) >= 3 and sys.argv[1] == "receiver":
+        run_receiver(int(sys.argv[2]), sys.argv[3] if len(sys.argv) > 3 else None)
+    else:
+        main()

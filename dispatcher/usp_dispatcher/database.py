@@ -1,0 +1,37 @@
+"""The dispatcher's database schema: the delivery engine's migrations, then the domain's.
+
+Two Alembic chains share the database. ``usp_workers`` owns the ``usp_*`` tables (events,
+subscriptions, deliveries) and knows nothing of the business; the dispatcher owns the scheduling
+domain (``sched_*``, :mod:`usp_dispatcher.domain.tables`), with its own version table. The
+domain's chain runs second, so its revisions may rely on the engine's tables existing. Both are
+run by :func:`upgrade`, which ``usp-webhooks migrate``, ``up`` and the API's start-up call.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import sqlalchemy as sa
+from alembic import command
+from alembic.config import Config
+from sqlalchemy.engine import Engine
+
+from usp_workers import db
+
+__all__ = ["MIGRATIONS", "upgrade"]
+
+MIGRATIONS = Path(__file__).with_name("migrations")
+_MIGRATION_LOCK = 0x5553_5044  # "USPD": not the engine's lock, so the two chains never wait on each other
+
+
+def upgrade(engine: Engine, revision: str = "head") -> None:
+    """Bring both chains to their head (``revision`` applies to the domain's chain)."""
+    db.upgrade(engine)
+    with engine.begin() as connection:
+        if connection.dialect.name == "postgresql":
+            # Replicas starting together on an empty database must not migrate concurrently.
+            connection.execute(sa.text("SELECT pg_advisory_xact_lock(:key)"), {"key": _MIGRATION_LOCK})
+        config = Config()
+        config.set_main_option("script_location", str(MIGRATIONS))
+        config.attributes["connection"] = connection
+        command.upgrade(config, revision)

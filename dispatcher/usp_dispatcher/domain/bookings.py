@@ -1,0 +1,348 @@
+"""Bookings: a buyer's seat in a slot, and its life.
+
+States (``usp_schemas.BookingState``)::
+
+    create → pending ─confirm→ confirmed ─complete→ completed
+                │                  ├──no-show→ no_show
+                └──────cancel──────┴─→ cancelled        (reschedule: pending/confirmed, same state)
+
+Each function is the one source of truth for its operation: the REST routes call it, and each
+USP MCP tool will call exactly one (``usp_bookings_create`` → :func:`create_booking`, …). None of
+them commits: the caller does, after the function returned (result or :class:`.Outcome`), so the
+change and its events (``usp_workers.outbox.emit``, same session) land together. An ``Outcome``
+leaves nothing behind to commit.
+
+Transitions are conditional ``UPDATE … WHERE state IN (…)``: two cancellations racing free the
+seat once, and the loser gets ``invalid_state_transition``. Seats change only in :mod:`.seats`.
+Completing and marking a no-show are the business's calls to make; the time of the appointment
+is not checked (a business may close its day early).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from datetime import datetime
+from typing import Any
+
+import sqlalchemy as sa
+from sqlmodel import Session, col, select
+
+from usp_schemas import (
+    Booking,
+    BookingCancelled,
+    BookingCompleted,
+    BookingConfirmed,
+    BookingCreated,
+    BookingNoShow,
+    BookingRescheduled,
+    Buyer,
+    WaitlistConverted,
+)
+from usp_workers.models import new_id, utcnow
+
+from .catalog import find_service
+from .events import BookingEventType, emit_availability_changed, emit_booking_event, emit_waitlist_event
+from .outcomes import (
+    Outcome,
+    booking_not_found,
+    invalid_state_transition,
+    service_not_found,
+    slot_unavailable,
+)
+from .seats import lock_slots, release_seat, take_seat
+from .tables import BookingRow, BookingStatus, ServiceRow, SlotRow
+from .views import booking_view
+from .waitlist import claim_offer, live_offer_for, reuse_freed_seat
+
+__all__ = [
+    "cancel_booking",
+    "complete_booking",
+    "confirm_booking",
+    "create_booking",
+    "get_booking",
+    "mark_no_show",
+    "reschedule_booking",
+]
+
+_ACTIVE = (BookingStatus.PENDING, BookingStatus.CONFIRMED)
+
+
+def create_booking(
+    session: Session,
+    service_id: str,
+    slot_id: str,
+    buyer: Buyer,
+    *,
+    correlation_id: str | None = None,
+    order_id: str | None = None,
+    now: datetime | None = None,
+) -> Booking | Outcome:
+    """Book a seat of ``slot_id`` for ``buyer``: a ``pending`` booking (``usp_bookings_create``).
+
+    When the slot's seat is held by a waitlist offer made to this buyer, the offer is taken: the
+    held seat becomes the booking and the entry ``converted`` (``booking.created`` then
+    ``waitlist.converted``). Otherwise a free seat is taken (``booking.created`` and
+    ``catalog.availability.changed``), or the answer is ``slot_unavailable``.
+    """
+    now = now or utcnow()
+    service = find_service(session, service_id)
+    if service is None:
+        return service_not_found(service_id)
+    slot = _bookable_slot(session, service, slot_id, now)
+    if isinstance(slot, Outcome):
+        return slot
+    offer = live_offer_for(session, slot, buyer, now=now)
+    taken = claim_offer(session, offer, now=now) if offer is not None else None
+    converted = offer if taken is not None else None
+    if taken is None:
+        taken = take_seat(session, slot.id, now)
+    if taken is None:
+        return slot_unavailable(slot.id)
+    booking = BookingRow(
+        id=new_id("bkg"),
+        service_id=service.id,
+        slot_id=taken.id,
+        state=BookingStatus.PENDING,
+        buyer=buyer.model_dump_json(),
+        start=taken.start,
+        end=taken.end,
+        order_id=order_id,
+        correlation_id=correlation_id,
+        created_at=now,
+        updated_at=now,
+    )
+    session.add(booking)
+    session.flush()  # the entry's booking_id references it
+    _emit(session, BookingCreated, booking, service, now, correlation_id)
+    if converted is not None:
+        converted.booking_id = booking.id
+        converted.updated_at = now
+        session.add(converted)
+        session.flush()
+        session.refresh(converted)
+        emit_waitlist_event(
+            session, WaitlistConverted, converted, service, now=now, correlation_id=correlation_id
+        )
+    else:
+        emit_availability_changed(session, service, [taken], now=now)
+    return booking_view(booking, service)
+
+
+def get_booking(session: Session, booking_id: str) -> Booking | Outcome:
+    """The booking as it is now (``usp_bookings_get``)."""
+    booking = session.get(BookingRow, booking_id)
+    if booking is None:
+        return booking_not_found(booking_id)
+    return booking_view(booking, _service(session, booking))
+
+
+def confirm_booking(
+    session: Session, booking_id: str, *, correlation_id: str | None = None, now: datetime | None = None
+) -> Booking | Outcome:
+    """pending → confirmed (``usp_bookings_confirm``: the business's call, never the buyer's)."""
+    return _transition(
+        session,
+        booking_id,
+        (BookingStatus.PENDING,),
+        BookingStatus.CONFIRMED,
+        BookingConfirmed,
+        action="confirmed",
+        correlation_id=correlation_id,
+        now=now,
+    )
+
+
+def complete_booking(
+    session: Session, booking_id: str, *, correlation_id: str | None = None, now: datetime | None = None
+) -> Booking | Outcome:
+    """confirmed → completed: the appointment took place."""
+    return _transition(
+        session,
+        booking_id,
+        (BookingStatus.CONFIRMED,),
+        BookingStatus.COMPLETED,
+        BookingCompleted,
+        action="completed",
+        correlation_id=correlation_id,
+        now=now,
+    )
+
+
+def mark_no_show(
+    session: Session, booking_id: str, *, correlation_id: str | None = None, now: datetime | None = None
+) -> Booking | Outcome:
+    """confirmed → no_show: the buyer did not come. The seat is not given back (its time is gone)."""
+    return _transition(
+        session,
+        booking_id,
+        (BookingStatus.CONFIRMED,),
+        BookingStatus.NO_SHOW,
+        BookingNoShow,
+        action="marked as a no-show",
+        correlation_id=correlation_id,
+        now=now,
+    )
+
+
+def cancel_booking(
+    session: Session,
+    booking_id: str,
+    reason: str | None = None,
+    *,
+    correlation_id: str | None = None,
+    now: datetime | None = None,
+) -> Booking | Outcome:
+    """pending/confirmed → cancelled (``usp_bookings_cancel``). The seat is offered to the next
+    buyer on the waitlist (``waitlist.offered``) or, with nobody waiting, back on sale
+    (``catalog.availability.changed``)."""
+    now = now or utcnow()
+    changed = _transition(
+        session,
+        booking_id,
+        _ACTIVE,
+        BookingStatus.CANCELLED,
+        BookingCancelled,
+        action="cancelled",
+        correlation_id=correlation_id,
+        now=now,
+        cancellation_reason=reason,
+    )
+    if isinstance(changed, Outcome):
+        return changed
+    booking = _reload(session, booking_id)
+    service = _service(session, booking)
+    slot = release_seat(session, booking.slot_id, now)
+    emit_availability_changed(session, service, reuse_freed_seat(session, service, slot, now=now), now=now)
+    return changed
+
+
+def reschedule_booking(
+    session: Session,
+    booking_id: str,
+    slot_id: str,
+    *,
+    correlation_id: str | None = None,
+    now: datetime | None = None,
+) -> Booking | Outcome:
+    """Move a pending or confirmed booking to another slot of its service, keeping its state
+    (``usp_bookings_reschedule``). The old seat goes to the waitlist or back on sale. Asking for
+    the slot the booking already has changes nothing and emits nothing."""
+    now = now or utcnow()
+    # The lock order of seats.py: the booking, then both slots by id (PostgreSQL; SQLite runs one
+    # writer at a time). Taking the new seat before freeing the old one would otherwise lock two
+    # slots in an order that depends on the request, and two swapping reschedules deadlock.
+    booking = session.exec(
+        select(BookingRow)
+        .where(col(BookingRow.id) == booking_id)
+        .with_for_update()
+        .execution_options(populate_existing=True)
+    ).first()
+    if booking is None:
+        return booking_not_found(booking_id)
+    service = _service(session, booking)
+    if booking.state not in _ACTIVE:
+        return invalid_state_transition("booking", booking.state, "rescheduled")
+    if slot_id == booking.slot_id:
+        return booking_view(booking, service)
+    target = _bookable_slot(session, service, slot_id, now)
+    if isinstance(target, Outcome):
+        return target
+    lock_slots(session, (booking.slot_id, target.id))
+    taken = take_seat(session, target.id, now)
+    if taken is None:
+        return slot_unavailable(target.id)
+    old_slot_id = booking.slot_id
+    moved = _update(
+        session,
+        booking_id,
+        (col(BookingRow.state).in_(_ACTIVE), col(BookingRow.slot_id) == old_slot_id),
+        now,
+        slot_id=taken.id,
+        start=taken.start,
+        end=taken.end,
+    )
+    if not moved:  # SQLite: cancelled or moved since we read it; give the seat we took back
+        release_seat(session, taken.id, now)
+        current = _reload(session, booking_id)
+        return invalid_state_transition("booking", current.state, "rescheduled")
+    booking = _reload(session, booking_id)
+    _emit(session, BookingRescheduled, booking, service, now, correlation_id)
+    old = release_seat(session, old_slot_id, now)
+    changed = [taken, *reuse_freed_seat(session, service, old, now=now)]
+    emit_availability_changed(session, service, changed, now=now)
+    return booking_view(booking, service)
+
+
+def _bookable_slot(session: Session, service: ServiceRow, slot_id: str, now: datetime) -> SlotRow | Outcome:
+    slot = session.get(SlotRow, slot_id)
+    if slot is None or slot.service_id != service.id:
+        return slot_unavailable(slot_id, why=f"is not a slot of {service.id}")
+    if slot.start <= now:
+        return slot_unavailable(slot_id, why="has already started")
+    return slot
+
+
+def _transition(
+    session: Session,
+    booking_id: str,
+    allowed: Collection[BookingStatus],
+    target: BookingStatus,
+    kind: BookingEventType,
+    *,
+    action: str,
+    correlation_id: str | None,
+    now: datetime | None,
+    **values: Any,
+) -> Booking | Outcome:
+    """Move a booking from one of ``allowed`` to ``target`` (setting ``values``) and emit ``kind``."""
+    now = now or utcnow()
+    booking = session.get(BookingRow, booking_id)
+    if booking is None:
+        return booking_not_found(booking_id)
+    if booking.state not in allowed or not _update(
+        session, booking_id, (col(BookingRow.state).in_(allowed),), now, state=target, **values
+    ):
+        current = _reload(session, booking_id)
+        return invalid_state_transition("booking", current.state, action)
+    booking = _reload(session, booking_id)
+    service = _service(session, booking)
+    _emit(session, kind, booking, service, now, correlation_id)
+    return booking_view(booking, service)
+
+
+def _update(
+    session: Session, booking_id: str, conditions: tuple[Any, ...], now: datetime, **values: Any
+) -> bool:
+    statement = (
+        sa.update(BookingRow)
+        .where(col(BookingRow.id) == booking_id, *conditions)
+        .values(updated_at=now, **values)
+        .execution_options(synchronize_session=False)
+    )
+    return session.exec(statement).rowcount == 1
+
+
+def _emit(
+    session: Session,
+    kind: BookingEventType,
+    booking: BookingRow,
+    service: ServiceRow,
+    now: datetime,
+    correlation_id: str | None,
+) -> None:
+    emit_booking_event(session, kind, booking, service, now=now, correlation_id=correlation_id)
+
+
+def _reload(session: Session, booking_id: str) -> BookingRow:
+    booking = session.get(BookingRow, booking_id, populate_existing=True)
+    if booking is None:
+        raise RuntimeError(f"booking {booking_id} vanished inside its transaction")
+    return booking
+
+
+def _service(session: Session, booking: BookingRow) -> ServiceRow:
+    # Not find_service: a retired service's bookings still read, and still change state.
+    service = session.get(ServiceRow, booking.service_id)
+    if service is None:
+        raise RuntimeError(f"booking {booking.id} names a missing service")
+    return service

@@ -1,0 +1,109 @@
+"""Business outcomes: what a service function answers instead of a result, never by raising.
+
+A slot already taken or a booking in the wrong state is an ordinary answer the buyer's agent acts
+on (pick another slot, stop), not a failure: the binding returns it as HTTP 200 / an MCP result
+with ``messages[]``. So the service functions *return* an :class:`Outcome`; exceptions stay for
+what no caller can act on (a bug, a database down) and for malformed input (``ValueError``, which
+the front ends turn into a 422 problem or a JSON-RPC ``invalid_params``).
+
+``severity`` tells the agent what to do next: ``recoverable`` (change the request: another slot,
+another service), ``requires_buyer_input`` (ask the buyer: another window, another time),
+``unrecoverable`` (this request cannot succeed; stop).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Final
+
+from usp_schemas import (
+    BOOKING_NOT_FOUND,
+    IDEMPOTENCY_CONFLICT,
+    INVALID_STATE_TRANSITION,
+    SERVICE_NOT_FOUND,
+    SLOT_UNAVAILABLE,
+    WAITLIST_CLOSED,
+    Message,
+    Severity,
+)
+
+__all__ = [
+    "WAITLIST_ENTRY_NOT_FOUND",
+    "InvalidRequest",
+    "Outcome",
+    "booking_not_found",
+    "idempotency_conflict",
+    "invalid_state_transition",
+    "service_not_found",
+    "slot_unavailable",
+    "waitlist_closed",
+    "waitlist_entry_not_found",
+]
+
+#: Our addition to the contract's codes (``OUTCOME_CODES`` allows a business its own): an unknown
+#: waitlist entry id. ``waitlist_closed`` would tell the agent the waitlist exists and is shut.
+WAITLIST_ENTRY_NOT_FOUND: Final = "waitlist_entry_not_found"
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """A business refusal: the request was understood and declined; nothing was changed.
+
+    >>> slot_unavailable("slot_x").code
+    'slot_unavailable'
+    """
+
+    messages: tuple[Message, ...]
+
+    @property
+    def code(self) -> str:
+        """The first message's code (there is one message per refusal today)."""
+        return self.messages[0].code
+
+
+class InvalidRequest(ValueError):
+    """Malformed input a schema cannot express (an end date before the start date): the caller's
+    mistake, not a business outcome. REST answers 422, MCP ``invalid_params``."""
+
+
+def slot_unavailable(slot_id: str, *, why: str = "is no longer available") -> Outcome:
+    return _error(SLOT_UNAVAILABLE, f"The slot {slot_id} {why}.", "recoverable", "$.slot_id")
+
+
+def service_not_found(service_id: str) -> Outcome:
+    return _error(
+        SERVICE_NOT_FOUND, f"There is no bookable service {service_id}.", "recoverable", "$.service_id"
+    )
+
+
+def booking_not_found(booking_id: str) -> Outcome:
+    return _error(BOOKING_NOT_FOUND, f"There is no booking {booking_id}.", "unrecoverable", "$.booking_id")
+
+
+def invalid_state_transition(what: str, state: str, action: str) -> Outcome:
+    return _error(INVALID_STATE_TRANSITION, f"A {state} {what} cannot be {action}.", "unrecoverable")
+
+
+def waitlist_closed(why: str) -> Outcome:
+    return _error(WAITLIST_CLOSED, f"The waitlist is closed: {why}.", "requires_buyer_input")
+
+
+def waitlist_entry_not_found(entry_id: str) -> Outcome:
+    return _error(
+        WAITLIST_ENTRY_NOT_FOUND,
+        f"There is no waitlist entry {entry_id}.",
+        "unrecoverable",
+        "$.waitlist_entry_id",
+    )
+
+
+def idempotency_conflict() -> Outcome:
+    return _error(
+        IDEMPOTENCY_CONFLICT,
+        "This idempotency key was already used for a different request; use a new key for a new request.",
+        "unrecoverable",
+    )
+
+
+def _error(code: str, content: str, severity: Severity, path: str | None = None) -> Outcome:
+    return Outcome((Message(type="error", code=code, content=content, severity=severity, path=path),))

@@ -1,0 +1,93 @@
+"""The scheduling domain's periodic work, run by ``usp-webhooks scheduler`` beside the relay.
+
+Every ``relay_interval_seconds``:
+
+* waitlist offers whose ``offer_expires_at`` has passed expire, and their held seats go to the
+  next buyer in line or back on sale; joined entries whose window has ended expire
+  (:func:`usp_dispatcher.domain.expire_offers`); without this a held seat would stay held;
+* idempotency keys older than :data:`IDEMPOTENCY_RETENTION` are forgotten (a retry comes within
+  minutes; the table must not grow forever).
+
+It lives in the dispatcher, not in ``usp_workers.relay``: the delivery engine knows nothing of
+bookings. Both steps are safe with several schedulers running (each offer expires once).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Engine
+
+from usp_workers import db
+from usp_workers.models import utcnow
+from usp_workers.settings import Settings
+
+from .domain import expire_offers, forget_idempotency_keys
+
+__all__ = ["IDEMPOTENCY_RETENTION", "HousekeepingReport", "housekeeping_once", "housekeeping_thread"]
+
+logger = logging.getLogger("usp_dispatcher")
+
+#: How long an idempotency key is remembered.
+IDEMPOTENCY_RETENTION = timedelta(hours=24)
+
+
+@dataclass(frozen=True, slots=True)
+class HousekeepingReport:
+    expired_waitlist_entries: int
+    forgotten_idempotency_keys: int
+
+
+def housekeeping_once(engine: Engine, *, now: datetime | None = None) -> HousekeepingReport:
+    """One pass of both steps, each in its own transaction."""
+    now = now or utcnow()
+    with db.session(engine) as session:
+        expired = expire_offers(session, now=now)
+        session.commit()
+    with db.session(engine) as session:
+        forgotten = forget_idempotency_keys(session, before=now - IDEMPOTENCY_RETENTION)
+        session.commit()
+    return HousekeepingReport(expired, forgotten)
+
+
+@contextmanager
+def housekeeping_thread(settings: Settings) -> Iterator[threading.Thread]:
+    """Run :func:`housekeeping_once` every ``relay_interval_seconds`` in a thread until the
+    ``with`` block ends (the relay owns the main thread and its signal handlers)."""
+    stop = threading.Event()
+    thread = threading.Thread(target=_loop, args=(settings, stop), name="usp-housekeeping", daemon=True)
+    thread.start()
+    try:
+        yield thread
+    finally:
+        stop.set()
+        thread.join(timeout=30)
+
+
+def _loop(settings: Settings, stop: threading.Event) -> None:
+    engine = db.make_engine(settings)
+    try:
+        while not stop.is_set():
+            try:
+                report = housekeeping_once(engine)
+            except sa.exc.SQLAlchemyError:
+                # The database is down or busy: say so and try again next pass (nothing is lost).
+                logger.exception(
+                    "housekeeping pass failed; retrying in %.1f s", settings.relay_interval_seconds
+                )
+            else:
+                if report.expired_waitlist_entries or report.forgotten_idempotency_keys:
+                    logger.info(
+                        "housekeeping: %d waitlist entries expired, %d idempotency keys forgotten",
+                        report.expired_waitlist_entries,
+                        report.forgotten_idempotency_keys,
+                    )
+            stop.wait(settings.relay_interval_seconds)
+    finally:
+        engine.dispose()
