@@ -71,4 +71,5 @@ def _prepare_database(engine: Engine, settings: Settings) -> None:
     with db.session(engine) as session:
         keys.ensure_signing_key(session, settings)
         session.commit()
-    ensure_demo_catalog(engine)
+    if settings.seed_demo_catalog:
+        ensure_demo_catalog(engine)

@@ -14,7 +14,7 @@ from sqlalchemy.engine import Engine
 from usp_dispatcher.domain.tables import BookingRow
 from usp_schemas import parse_event
 
-from .conftest import ADMIN
+from .conftest import ADMIN, MakeClient
 from .domain.support import count, deliveries_for, event_types, events, payload
 from .support import assert_problem, subscribe
 
@@ -87,6 +87,13 @@ def test_catalog_and_availability_are_public(client: TestClient) -> None:
     first = slots(client)[0]
     assert (first["service_id"], first["state"], first["duration"]) == (HAIRCUT, "available", "PT60M")
     assert first["start"].endswith(("-04:00", "-05:00"))  # New York time
+
+
+def test_demo_catalog_can_be_turned_off(make_client: MakeClient) -> None:
+    """An existing deployment that upgrades must not grow demo services it never asked for."""
+    catalog = make_client(seed_demo_catalog=False).get("/services/catalog")
+    assert catalog.status_code == 200
+    assert catalog.json()["services"] == []
 
 
 def test_availability_outcomes_and_problems(client: TestClient) -> None:

@@ -65,6 +65,10 @@ class Settings(BaseSettings):
     public_base_url: str = Field(
         default="http://127.0.0.1:8000", description="the URL this service is reached at (for discovery)"
     )
+    seed_demo_catalog: bool = Field(
+        default=True,
+        description="on first start (an empty catalog), add the demo services so there is something to book",
+    )
     lease_seconds: float = Field(
         default=60.0, gt=0, description="an in-flight delivery whose worker vanished is retried after this"
     )

@@ -11,9 +11,17 @@ connection = context.config.attributes.get("connection")
 if connection is None:
     raise RuntimeError("run migrations through usp_workers.db.upgrade(engine)")
 
+
+def _ours(name: str | None, type_: str, parent_names: object) -> bool:
+    """Autogenerate looks at this chain's tables only: the dispatcher keeps its own tables (and
+    version table) in the same database, under its own migration chain."""
+    return type_ != "table" or (name is not None and name.startswith("usp_"))
+
+
 context.configure(
     connection=connection,
     target_metadata=SQLModel.metadata,
+    include_name=_ours,
     render_as_batch=connection.dialect.name == "sqlite",
     compare_type=True,
 )
