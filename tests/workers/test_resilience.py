@@ -293,8 +293,8 @@ def test_a_flushed_broker_loses_nothing(
     wait_for_status(pipeline.engine, DeliveryStatus.SUCCEEDED, 1, 30, *logs)
     lost = pipeline.flush_broker()
     flushed_at = time.monotonic()
+    # (No "queue is empty now" check: the running relay may already be re-sending retries.)
     assert lost > 0, "messages were waiting in the broker when it was flushed"
-    assert pipeline.queued() == 0
     after = emit_events(pipeline.engine, 200, per_transaction=10)
     finished = wait_all_succeeded(pipeline.engine, 600, 90, *logs)
 
