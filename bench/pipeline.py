@@ -358,6 +358,29 @@ def group_cpu_seconds(pgid: int) -> float:
     return total / _TICKS
 
 
+APP_NAME = "usp-bench"
+
+
+def postgres_cpu(engine: Engine) -> dict[int, float]:
+    """CPU seconds so far of each PostgreSQL backend serving this bench (its connections carry
+    ``application_name=usp-bench``), by backend pid; empty on SQLite."""
+    if engine.dialect.name != "postgresql":
+        return {}
+    with engine.connect() as connection:
+        pids = connection.execute(
+            sa.text("SELECT pid FROM pg_stat_activity WHERE application_name = :name"), {"name": APP_NAME}
+        ).scalars()
+        return {pid: _cpu_of(pid) for pid in pids}
+
+
+def _cpu_of(pid: int) -> float:
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / _TICKS
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -379,7 +402,9 @@ def database(kind: str, folder: Path, postgres_url: str) -> Iterator[str]:
     try:
         with admin.begin() as connection:
             connection.execute(sa.text(f'CREATE SCHEMA "{schema}"'))
-        url = sa.make_url(postgres_url).update_query_dict({"options": f"-csearch_path={schema}"})
+        url = sa.make_url(postgres_url).update_query_dict(
+            {"options": f"-csearch_path={schema}", "application_name": APP_NAME}
+        )
         yield url.render_as_string(hide_password=False)
     finally:
         with admin.begin() as connection:
@@ -617,6 +642,7 @@ def measure(
     """Phase 1: a burst of ``--events``; phase 2: paced at half the burst's rate."""
     timeout = args.timeout
     before = {p.name: p.cpu_seconds() for p in stack.processes}
+    postgres_before = postgres_cpu(engine)
     own = time.process_time()
     started = time.time()
     committed = emit_burst(engine, args.events, args.transaction)
@@ -624,6 +650,9 @@ def measure(
     arrivals = receiver.wait_for(set(committed), timeout)
     finished = max(arrivals.values())
     used: dict[str, float] = {"emitter": emitter}
+    if postgres_before or engine.dialect.name == "postgresql":
+        after = postgres_cpu(engine)
+        used["postgres"] = sum(after.values()) - sum(postgres_before.get(pid, 0.0) for pid in after)
     for process in stack.processes:
         kind = process.name.split("-")[0]
         used[kind] = used.get(kind, 0.0) + process.cpu_seconds() - before[process.name]
@@ -640,7 +669,7 @@ def measure(
     if args.latency_seconds <= 0:
         return
     receiver.reset()
-    paced = result.rate / 2
+    paced = result.rate * args.paced_fraction
     committed = emit_paced(engine, paced, args.latency_seconds)
     arrivals = receiver.wait_for(set(committed), timeout)
     latencies = sorted((arrivals[i] - committed[i]) * 1000 for i in committed)
@@ -694,12 +723,12 @@ CONFIGS = {
 
 
 RIGHT = {"deliveries/s", "paced at", "p50 ms", "p99 ms"}
-CPU_PARTS = ("worker", "receiver", "emitter", "relay")
+CPU_PARTS = ("worker", "receiver", "emitter", "relay", "postgres")
 
 
 def cpu_text(result: Result) -> str:
-    """CPU per delivery by component, e.g. ``worker 420 · receiver 160 · emitter 230 · relay 4``
-    (PostgreSQL and Redis are not counted)."""
+    """CPU per delivery by component, e.g. ``worker 420 · receiver 160 · emitter 230 · relay 4 ·
+    postgres 150`` (Redis is not counted; ``postgres`` is the backends serving this bench)."""
     return " · ".join(f"{part} {result.cpu_us[part]:,.0f}" for part in CPU_PARTS if part in result.cpu_us)
 
 
@@ -715,6 +744,7 @@ def main() -> None:
     parser.add_argument("--events", type=int, default=10_000, help="events in the burst (one delivery each)")
     parser.add_argument("--transaction", type=int, default=500, help="events per emitting transaction")
     parser.add_argument("--latency-seconds", type=float, default=8.0, help="length of the paced phase")
+    parser.add_argument("--paced-fraction", type=float, default=0.5, help="paced rate / burst rate")
     parser.add_argument("--workers", type=int, default=2, help="worker processes")
     parser.add_argument("--concurrency", type=int, default=8, help="threads per engine worker")
     parser.add_argument("--naive-concurrency", type=int, default=2, help="prefork children per naive worker")
