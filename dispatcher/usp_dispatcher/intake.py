@@ -44,7 +44,7 @@ def accept_event(session: Session, raw: bytes | str) -> AcceptedEvent:
     if existing is not None:
         return _replay(session, existing, payload)
     try:
-        emit(session, event)  # its subscription query autoflushes the event row: inside the try
+        emit(session, event)  # the event row is written at flush or commit: both inside the try
         session.commit()
     except sa.exc.IntegrityError:
         # A concurrent post of the same event_id committed first: answer as for a replay.
