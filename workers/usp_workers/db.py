@@ -62,10 +62,18 @@ def _alembic_config(connection: sa.Connection) -> Config:
     return config
 
 
-def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
+def sqlite_pragmas(dbapi_connection: Any, *, foreign_keys: bool = True) -> None:
+    """Make a SQLite connection safe for several processes sharing one file: WAL so readers do
+    not block the writer, a busy timeout so writers queue instead of failing. The embedded broker
+    uses this too, without foreign keys (kombu's tables are not ours to constrain)."""
     cursor = dbapi_connection.cursor()
     cursor.execute("PRAGMA journal_mode=WAL")
     cursor.execute("PRAGMA synchronous=NORMAL")
-    cursor.execute("PRAGMA foreign_keys=ON")
+    if foreign_keys:
+        cursor.execute("PRAGMA foreign_keys=ON")
     cursor.execute("PRAGMA busy_timeout=30000")
     cursor.close()
+
+
+def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
+    sqlite_pragmas(dbapi_connection)

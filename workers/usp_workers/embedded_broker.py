@@ -34,6 +34,8 @@ import sqlalchemy as sa
 from kombu.transport import sqlalchemy as kombu_sqla
 from sqlalchemy.engine import Engine
 
+from .db import sqlite_pragmas
+
 __all__ = [
     "EMBEDDED_POLLING_INTERVAL",
     "TRANSPORT_PATH",
@@ -154,8 +156,4 @@ def prune_consumed(
 
 
 def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
-    cursor = dbapi_connection.cursor()
-    cursor.execute("PRAGMA journal_mode=WAL")
-    cursor.execute("PRAGMA synchronous=NORMAL")
-    cursor.execute("PRAGMA busy_timeout=30000")
-    cursor.close()
+    sqlite_pragmas(dbapi_connection, foreign_keys=False)
