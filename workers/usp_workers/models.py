@@ -20,9 +20,13 @@ from usp_schemas import new_event_id
 __all__ = [
     "Attempt",
     "AttemptOutcome",
+    "BreakerState",
     "Delivery",
     "DeliveryStatus",
     "EventRecord",
+    "Job",
+    "JobStatus",
+    "Notice",
     "SigningKeyRecord",
     "Subscription",
     "SubscriptionState",
@@ -72,6 +76,21 @@ class SubscriptionState(enum.StrEnum):
     DISABLED = "disabled"
 
 
+class BreakerState(enum.StrEnum):
+    """A subscription's circuit breaker: ``open`` pauses its deliveries (attempts not spent)
+    until ``breaker_until``; then one ``half_open`` probe decides between closed and open."""
+
+    CLOSED = "closed"
+    OPEN = "open"
+    HALF_OPEN = "half_open"
+
+
+class JobStatus(enum.StrEnum):
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+
+
 class DeliveryStatus(enum.StrEnum):
     PENDING = "pending"  #: waiting for ``next_attempt_at``
     IN_FLIGHT = "in_flight"  #: a worker holds it until ``lease_until``
@@ -99,6 +118,13 @@ class EventRecord(SQLModel, table=True):
     occurred_at: datetime = Field(sa_type=UtcDateTime, index=True)
     created_at: datetime = Field(default_factory=utcnow, sa_type=UtcDateTime, index=True)
     payload: str = Field(sa_type=sa.Text)
+    audience: str | None = Field(
+        default=None,
+        max_length=2048,
+        description="the platform profile the event is about (its booking or waitlist entry's"
+        " platform): only that platform's subscriptions and the business's own (no profile) get"
+        " it; null: every matching subscription",
+    )
 
 
 class Subscription(SQLModel, table=True):
@@ -115,6 +141,13 @@ class Subscription(SQLModel, table=True):
     platform_profile: str | None = Field(default=None, index=True, max_length=2048)
     state: SubscriptionState = Field(default=SubscriptionState.ACTIVE, sa_type=sa.String(16), index=True)
     disabled_reason: str | None = Field(default=None, max_length=256)
+    rate_limit: int | None = Field(default=None, description="at most this many deliveries per second")
+    consecutive_failures: int = Field(default=0)
+    failing_since: datetime | None = Field(default=None, sa_type=UtcDateTime)
+    last_success_at: datetime | None = Field(default=None, sa_type=UtcDateTime)
+    last_failure_at: datetime | None = Field(default=None, sa_type=UtcDateTime)
+    breaker_state: BreakerState = Field(default=BreakerState.CLOSED, sa_type=sa.String(16))
+    breaker_until: datetime | None = Field(default=None, sa_type=UtcDateTime)
     created_at: datetime = Field(default_factory=utcnow, sa_type=UtcDateTime)
     updated_at: datetime = Field(default_factory=utcnow, sa_type=UtcDateTime)
 
@@ -169,3 +202,35 @@ class SigningKeyRecord(SQLModel, table=True):
     created_at: datetime = Field(default_factory=utcnow, sa_type=UtcDateTime)
     signs_from: datetime = Field(default_factory=utcnow, sa_type=UtcDateTime)
     retires_at: datetime | None = Field(default=None, sa_type=UtcDateTime)
+
+
+class Job(SQLModel, table=True):
+    """A long admin operation (recover, redrive, back-fill) run in batches: its progress is
+    readable while it runs, and a restarted job knows where it stood."""
+
+    __tablename__ = "usp_jobs"
+
+    id: str = Field(default_factory=lambda: new_id("job"), primary_key=True, max_length=40)
+    kind: str = Field(max_length=32)
+    params: str = Field(default="{}", sa_type=sa.Text, description="the request, as JSON")
+    status: JobStatus = Field(default=JobStatus.RUNNING, sa_type=sa.String(16), index=True)
+    total: int = Field(default=0)
+    processed: int = Field(default=0)
+    cursor: str | None = Field(default=None, max_length=128, description="where the next batch starts")
+    error: str | None = Field(default=None, max_length=512)
+    created_at: datetime = Field(default_factory=utcnow, sa_type=UtcDateTime)
+    updated_at: datetime = Field(default_factory=utcnow, sa_type=UtcDateTime)
+    finished_at: datetime | None = Field(default=None, sa_type=UtcDateTime)
+
+
+class Notice(SQLModel, table=True):
+    """Something operators must hear about a subscription (``subscription.disabled``, breaker
+    opened or closed), kept for the admin API."""
+
+    __tablename__ = "usp_notices"
+
+    id: int | None = Field(default=None, primary_key=True)
+    subscription_id: str = Field(index=True, max_length=40)
+    kind: str = Field(max_length=64)
+    detail: str = Field(default="", max_length=512)
+    created_at: datetime = Field(default_factory=utcnow, sa_type=UtcDateTime, index=True)

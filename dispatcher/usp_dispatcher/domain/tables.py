@@ -24,10 +24,12 @@ from usp_workers.models import UtcDateTime, new_id, utcnow
 
 __all__ = [
     "DOMAIN_METADATA",
+    "ApiKeyRow",
     "BookingRow",
     "BookingStatus",
     "DomainTable",
     "IdempotencyRecord",
+    "PrincipalProfileRow",
     "ServiceRow",
     "SlotRow",
     "WaitlistRow",
@@ -124,6 +126,13 @@ class BookingRow(DomainTable, table=True):
     end: datetime = Field(sa_type=UtcDateTime)
     order_id: str | None = Field(default=None, max_length=128)
     correlation_id: str | None = Field(default=None, max_length=128)
+    platform_profile: str | None = Field(
+        default=None,
+        index=True,
+        max_length=2048,
+        description="the profile of the platform that made it (null: the business): its events go"
+        " to that platform's subscriptions only, and only that platform may read or change it",
+    )
     cancellation_reason: str | None = Field(default=None, max_length=500)
     created_at: datetime = Field(default_factory=utcnow, sa_type=UtcDateTime)
     updated_at: datetime = Field(default_factory=utcnow, sa_type=UtcDateTime)
@@ -149,6 +158,9 @@ class WaitlistRow(DomainTable, table=True):
     offer_expires_at: datetime | None = Field(default=None, sa_type=UtcDateTime, index=True)
     booking_id: str | None = Field(default=None, foreign_key="sched_bookings.id", max_length=128)
     correlation_id: str | None = Field(default=None, max_length=128)
+    platform_profile: str | None = Field(
+        default=None, index=True, max_length=2048, description="as for bookings"
+    )
     created_at: datetime = Field(default_factory=utcnow, sa_type=UtcDateTime)
     updated_at: datetime = Field(default_factory=utcnow, sa_type=UtcDateTime)
 
@@ -170,3 +182,29 @@ class IdempotencyRecord(DomainTable, table=True):
     status_code: int
     response: str = Field(sa_type=sa.Text, description="the structured content answered, as JSON")
     created_at: datetime = Field(default_factory=utcnow, sa_type=UtcDateTime, index=True)
+
+
+class ApiKeyRow(DomainTable, table=True):
+    """A platform's bearer API key. Only its SHA-256 is stored: a leaked database does not leak
+    usable keys, and lookup by hash needs no constant-time loop over every key."""
+
+    __tablename__ = "sched_api_keys"
+
+    id: str = Field(default_factory=lambda: new_id("key"), primary_key=True, max_length=40)
+    principal: str = Field(index=True, max_length=256, description="who the key authenticates")
+    token_hash: str = Field(unique=True, max_length=64, description="hex SHA-256 of the key")
+    label: str | None = Field(default=None, max_length=200)
+    created_at: datetime = Field(default_factory=utcnow, sa_type=UtcDateTime)
+    revoked_at: datetime | None = Field(default=None, sa_type=UtcDateTime)
+
+
+class PrincipalProfileRow(DomainTable, table=True):
+    """The first profile URI an authenticated principal presented (USP §10.1.6 identity
+    binding): a later call by that principal naming another profile is refused (``forbidden``).
+    Many principals may share one profile."""
+
+    __tablename__ = "sched_principal_profiles"
+
+    principal: str = Field(primary_key=True, max_length=256)
+    profile: str = Field(index=True, max_length=2048)
+    created_at: datetime = Field(default_factory=utcnow, sa_type=UtcDateTime)

@@ -36,9 +36,9 @@ def test_upgrade_runs_both_chains_with_their_own_version_tables(engine: Engine) 
     with engine.connect() as connection:
         assert (
             connection.execute(sa.text("SELECT version_num FROM alembic_version_dispatcher")).scalar()
-            == "d0001"
+            == "d0002"
         )
-        assert connection.execute(sa.text("SELECT version_num FROM alembic_version")).scalar() == "0001"
+        assert connection.execute(sa.text("SELECT version_num FROM alembic_version")).scalar() == "0002"
     database.upgrade(engine)  # idempotent
     assert tables(engine) == present
 
