@@ -20,6 +20,8 @@ DOMAIN_TABLES = {
     "sched_bookings",
     "sched_waitlist_entries",
     "sched_idempotency_keys",
+    "sched_api_keys",
+    "sched_principal_profiles",
 }
 
 
