@@ -26,8 +26,17 @@ COPY workers/ workers/
 COPY dispatcher/ dispatcher/
 RUN uv sync --frozen --no-dev
 
-RUN useradd --system --uid 10001 --home-dir /app usp
-USER usp
+# Run unprivileged: nothing here needs root (Celery warns when it runs as root, and a hole in any
+# dependency should not come with root's rights). The code and /opt/venv stay root-owned, so the
+# service cannot rewrite itself; /data is its own working folder, where `usp-webhooks up` keeps
+# its SQLite files when no database is configured. USER is numeric so Kubernetes'
+# runAsNonRoot can verify it without reading /etc/passwd.
+RUN groupadd --system --gid 10001 usp \
+    && useradd --system --uid 10001 --gid usp --no-log-init --create-home --home-dir /home/usp \
+       --shell /usr/sbin/nologin usp \
+    && install --directory --owner=usp --group=usp --mode=0750 /data
+WORKDIR /data
+USER 10001:10001
 
 EXPOSE 8000
 CMD ["usp-webhooks", "--help"]

@@ -1,14 +1,19 @@
 """The transactional outbox: an event and its deliveries are written in the caller's transaction.
 
-``emit(session, event)`` adds the event and one delivery per matching active subscription to the
-caller's transaction (the event as an ORM row, the deliveries in one INSERT after the session's
-next flush; the subscriptions are read once per transaction, so a transaction of thousands of
-events costs a few statements, not thousands of round trips). Nothing leaves the process until
-that transaction commits; if it rolls back, nothing was ever sent. After the commit the
+``emit(session, event, audience=...)`` adds the event and one delivery per active subscription
+whose patterns match it and whom its audience :func:`reaches` to the caller's transaction (the
+event as an ORM row, the deliveries in one INSERT after the session's next flush; the
+subscriptions are read once per transaction, so a transaction of thousands of events costs a few
+statements, not thousands of round trips). Nothing leaves the process until that transaction
+commits; if it rolls back, nothing was ever sent. After the commit the
 deliveries are handed to the broker at once (low latency), and because each delivery is written
 already marked ``enqueued_at = now``, a crash between commit and hand-off loses nothing: the
 relay re-sends any due delivery still pending ``requeue_after_seconds`` after it was marked (see
 :mod:`usp_workers.relay`).
+
+The audience is a privacy boundary, not a filter of convenience: a booking's events carry the
+buyer's name, e-mail and phone, so they go to the platform that made the booking and to the
+business, never to the other platforms that happen to subscribe to ``booking.*``.
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ import fnmatch
 import json
 import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import sqlalchemy as sa
 from sqlmodel import Session, SQLModel, select
@@ -34,7 +39,7 @@ from .models import (
     utcnow,
 )
 
-__all__ = ["Enqueue", "emit", "event_matches", "set_enqueuer", "subject_id_of"]
+__all__ = ["Enqueue", "emit", "event_matches", "reaches", "set_enqueuer", "subject_id_of"]
 
 logger = logging.getLogger("usp_workers")
 
@@ -54,16 +59,26 @@ def set_enqueuer(enqueue: Enqueue | None) -> None:
     _enqueuer = enqueue
 
 
-def emit(session: Session, event: WebhookEvent | Mapping[str, Any] | bytes | str) -> EventRecord:
-    """Record ``event`` and one delivery per matching active subscription, in ``session``'s
-    transaction; hand the deliveries to the broker once it commits. Returns the event row.
+def emit(
+    session: Session,
+    event: WebhookEvent | Mapping[str, Any] | bytes | str,
+    *,
+    audience: str | None = None,
+) -> EventRecord:
+    """Record ``event`` and one delivery per active subscription that it matches and that
+    ``audience`` :func:`reaches`, in ``session``'s transaction; hand the deliveries to the broker
+    once it commits. Returns the event row.
+
+    ``audience`` (stored as :attr:`EventRecord.audience`, so replays and back-fills route the
+    same way): ``None`` for a public event (the catalog), ``""`` for one only the business may
+    see, a platform's profile URI for one about that platform's booking or waitlist entry.
 
     The caller owns the transaction: call this inside the same unit of work as the state change
     the event reports, then commit both together.
 
     >>> with session(engine) as s:                                    # doctest: +SKIP
     ...     booking.state = "confirmed"
-    ...     emit(s, booking_confirmed_event(booking))
+    ...     emit(s, booking_confirmed_event(booking), audience=booking.platform_profile or "")
     ...     s.commit()
     """
     model = event if not isinstance(event, Mapping | bytes | str) else parse_event(event)
@@ -78,6 +93,7 @@ def emit(session: Session, event: WebhookEvent | Mapping[str, Any] | bytes | str
         occurred_at=model.timestamp,
         created_at=now,
         payload=payload,
+        audience=audience,
     )
     subscriptions = _active_subscriptions(session)
     session.add(record)
@@ -85,7 +101,7 @@ def emit(session: Session, event: WebhookEvent | Mapping[str, Any] | bytes | str
         {
             "id": new_id("dlv"),
             "event_id": record.id,
-            "subscription_id": subscription_id,
+            "subscription_id": subscription.id,
             "status": DeliveryStatus.PENDING.value,
             "attempt_count": 0,
             "next_attempt_at": now,
@@ -93,13 +109,32 @@ def emit(session: Session, event: WebhookEvent | Mapping[str, Any] | bytes | str
             "created_at": now,
             "updated_at": now,
         }
-        for subscription_id, patterns in subscriptions
-        if event_matches(model.event, patterns)
+        for subscription in subscriptions
+        if reaches(subscription.platform_profile, audience)
+        and event_matches(model.event, subscription.patterns)
     ]
     if rows:
         _insert_after_flush(session, rows)
         _enqueue_after_commit(session, [str(row["id"]) for row in rows])
     return record
+
+
+def reaches(subscription_profile: str | None, audience: str | None) -> bool:
+    """Whether an event with ``audience`` may go to a subscription of ``subscription_profile``:
+    the one rule, shared by :func:`emit`, admin replays and back-fills, and live MCP sessions.
+
+    A public event (``None``) reaches everyone; the business's own subscriptions (no profile)
+    get every event; a platform's subscription gets only public events and those whose audience
+    is exactly its profile. ``""`` (business only) therefore reaches no platform at all, and
+    neither does anything addressed to a profile that is merely similar (no prefix or case
+    folding: profile URIs are compared as opaque strings, failing closed).
+
+    >>> reaches(None, "https://a.example/p"), reaches("https://b.example/p", "https://a.example/p")
+    (True, False)
+    """
+    if audience is None or subscription_profile is None:
+        return True
+    return audience != "" and subscription_profile == audience
 
 
 def event_matches(event_type: str, patterns: Iterable[str]) -> bool:
@@ -141,25 +176,35 @@ def _insert_deliveries(session: Session, _context: Any) -> None:
         session.connection().execute(sa.insert(_deliveries), rows)
 
 
-def _active_subscriptions(session: Session) -> list[tuple[str, list[str]]]:
-    """The active subscriptions' ids and patterns, read once per transaction and kept until the
-    session flushes, commits or rolls back, or a :class:`Subscription` is added to it.
+class _ActiveSubscription(NamedTuple):
+    id: str
+    patterns: list[str]
+    platform_profile: str | None
+
+
+def _active_subscriptions(session: Session) -> list[_ActiveSubscription]:
+    """The active subscriptions' ids, patterns and profiles, read once per transaction and kept
+    until the session flushes, commits or rolls back, or a :class:`Subscription` is added to it.
 
     Why: a transaction that emits many events (a bulk import, a catalog sync) would otherwise
     query the subscriptions once per event, and each query autoflushes the previous event's
     rows first: three round trips per event (~2 ms of CPU on PostgreSQL), where one query per
-    transaction and one batched INSERT at commit will do. A subscription changed in the same
+    transaction and one batched INSERT at commit will do. The profile is read with the rest so
+    that routing by audience costs no query of its own. A subscription changed in the same
     session after the first emit (not added: that is seen) is seen after ``session.flush()``.
     """
-    cached: list[tuple[str, list[str]]] | None = session.info.get(_SUBSCRIPTIONS_KEY)
+    cached: list[_ActiveSubscription] | None = session.info.get(_SUBSCRIPTIONS_KEY)
     if cached is not None:
         return cached
     rows = session.exec(
-        select(Subscription.id, Subscription.event_types).where(
+        select(Subscription.id, Subscription.event_types, Subscription.platform_profile).where(
             Subscription.state == SubscriptionState.ACTIVE
         )
     ).all()
-    subscriptions = [(subscription_id, json.loads(patterns)) for subscription_id, patterns in rows]
+    subscriptions = [
+        _ActiveSubscription(subscription_id, json.loads(patterns), profile)
+        for subscription_id, patterns, profile in rows
+    ]
     if not sa.event.contains(session, "after_flush", _forget_subscriptions):
         for name in ("after_flush", "after_commit", "after_soft_rollback"):
             sa.event.listen(session, name, _forget_subscriptions)

@@ -22,9 +22,15 @@ commit); each USP MCP tool maps to exactly one of them:
 The business's own operations (no MCP tool): :func:`complete_booking`, :func:`mark_no_show`,
 :func:`create_service`, :func:`add_slot`, :func:`expire_offers` (the scheduler's),
 :func:`seed_demo_catalog`.
+
+Bookings and waitlist entries belong to the platform that made them (``platform_profile`` of
+:func:`create_booking` and :func:`join_waitlist`; ``None``: the business), and their events reach
+that platform and the business only. :func:`booking_platform` and :func:`waitlist_entry_platform`
+tell the access layer who owns one; these functions do not check who calls them.
 """
 
 from .bookings import (
+    booking_platform,
     cancel_booking,
     complete_booking,
     confirm_booking,
@@ -46,7 +52,14 @@ from .content import Result, structured
 from .idempotency import Answer, forget_idempotency_keys, perform
 from .outcomes import WAITLIST_ENTRY_NOT_FOUND, InvalidRequest, Outcome
 from .seed import ensure_demo_catalog, seed_demo_catalog
-from .waitlist import OFFER_TTL, expire_offers, get_waitlist_entry, join_waitlist, leave_waitlist
+from .waitlist import (
+    OFFER_TTL,
+    expire_offers,
+    get_waitlist_entry,
+    join_waitlist,
+    leave_waitlist,
+    waitlist_entry_platform,
+)
 
 __all__ = [
     "MAX_AVAILABILITY_DAYS",
@@ -59,6 +72,7 @@ __all__ = [
     "Result",
     "ServiceSpec",
     "add_slot",
+    "booking_platform",
     "cancel_booking",
     "complete_booking",
     "confirm_booking",
@@ -78,4 +92,5 @@ __all__ = [
     "reschedule_booking",
     "seed_demo_catalog",
     "structured",
+    "waitlist_entry_platform",
 ]

@@ -16,6 +16,12 @@ Transitions are conditional ``UPDATE … WHERE state IN (…)``: two cancellatio
 seat once, and the loser gets ``invalid_state_transition``. Seats change only in :mod:`.seats`.
 Completing and marking a no-show are the business's calls to make; the time of the appointment
 is not checked (a business may close its day early).
+
+Ownership: a booking records the profile of the platform that made it (``platform_profile``;
+``None`` when the business made it), and its events go to that platform and the business only
+(:mod:`.events`). A booking converted from a waitlist offer belongs to the entry's platform,
+which is the platform the offer went to. Who may read or change a booking is decided before these
+functions are called (:func:`booking_platform` tells the caller the owner); they do not check it.
 """
 
 from __future__ import annotations
@@ -55,6 +61,7 @@ from .views import booking_view
 from .waitlist import claim_offer, live_offer_for, reuse_freed_seat
 
 __all__ = [
+    "booking_platform",
     "cancel_booking",
     "complete_booking",
     "confirm_booking",
@@ -75,14 +82,19 @@ def create_booking(
     *,
     correlation_id: str | None = None,
     order_id: str | None = None,
+    platform_profile: str | None = None,
     now: datetime | None = None,
 ) -> Booking | Outcome:
-    """Book a seat of ``slot_id`` for ``buyer``: a ``pending`` booking (``usp_bookings_create``).
+    """Book a seat of ``slot_id`` for ``buyer``: a ``pending`` booking (``usp_bookings_create``)
+    owned by ``platform_profile`` (``None``: the business's own).
 
     When the slot's seat is held by a waitlist offer made to this buyer, the offer is taken: the
     held seat becomes the booking and the entry ``converted`` (``booking.created`` then
-    ``waitlist.converted``). Otherwise a free seat is taken (``booking.created`` and
-    ``catalog.availability.changed``), or the answer is ``slot_unavailable``.
+    ``waitlist.converted``); the booking belongs to the entry's platform. A platform can take only
+    an offer made to its own entry, the business any: otherwise a booking made through platform B
+    for a buyer with the same e-mail would become platform A's, unseen by the platform that made
+    it. Otherwise a free seat is taken (``booking.created`` and ``catalog.availability.changed``),
+    or the answer is ``slot_unavailable``.
     """
     now = now or utcnow()
     service = find_service(session, service_id)
@@ -91,7 +103,7 @@ def create_booking(
     slot = _bookable_slot(session, service, slot_id, now)
     if isinstance(slot, Outcome):
         return slot
-    offer = live_offer_for(session, slot, buyer, now=now)
+    offer = live_offer_for(session, slot, buyer, platform_profile=platform_profile, now=now)
     taken = claim_offer(session, offer, now=now) if offer is not None else None
     converted = offer if taken is not None else None
     if taken is None:
@@ -108,6 +120,7 @@ def create_booking(
         end=taken.end,
         order_id=order_id,
         correlation_id=correlation_id,
+        platform_profile=converted.platform_profile if converted is not None else platform_profile,
         created_at=now,
         updated_at=now,
     )
@@ -134,6 +147,16 @@ def get_booking(session: Session, booking_id: str) -> Booking | Outcome:
     if booking is None:
         return booking_not_found(booking_id)
     return booking_view(booking, _service(session, booking))
+
+
+def booking_platform(session: Session, booking_id: str) -> tuple[bool, str | None]:
+    """Whether the booking exists, and the profile of the platform that owns it (``None``: the
+    business). For the access layer, which must answer ``booking_not_found`` alike for a booking
+    that does not exist and one the caller may not see; reads the two columns only."""
+    row = session.exec(
+        select(BookingRow.id, BookingRow.platform_profile).where(col(BookingRow.id) == booking_id)
+    ).first()
+    return (False, None) if row is None else (True, row[1])
 
 
 def confirm_booking(

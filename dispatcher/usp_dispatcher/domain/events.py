@@ -2,8 +2,13 @@
 
 Each function turns a row into its ``usp_schemas`` event (``data`` is the whole object, via
 :mod:`.views`) and hands it to :func:`usp_workers.outbox.emit`, which records it with one delivery
-per matching subscription *in the caller's session*: the state change and its event commit
-together or not at all.
+per subscription it matches and reaches (below) *in the caller's session*: the state change and
+its event commit together or not at all.
+
+Audience (who may hear it, :func:`usp_workers.outbox.reaches`): an event about a booking or a
+waitlist entry carries the buyer's details, so it goes only to the platform that owns the object
+(``platform_profile``) and to the business; one the business made itself (no profile) goes to the
+business alone (``""``). The catalog is public (``None``): every subscription that matches hears it.
 
 Correlation ids: an event about a booking or waitlist entry carries the caller's
 ``correlation_id`` when it has one, else the one the object was created with, so the platform
@@ -46,6 +51,7 @@ __all__ = [
     "BookingEventType",
     "ServiceEventType",
     "WaitlistEventType",
+    "audience_of",
     "emit_availability_changed",
     "emit_booking_event",
     "emit_service_event",
@@ -76,7 +82,8 @@ def emit_booking_event(
     now: datetime,
     correlation_id: str | None,
 ) -> None:
-    """Emit ``kind`` (``BookingCreated`` …) for ``booking`` as it is now."""
+    """Emit ``kind`` (``BookingCreated`` …) for ``booking`` as it is now, to its platform and the
+    business."""
     emit(
         session,
         kind(
@@ -88,6 +95,7 @@ def emit_booking_event(
             correlation_id=correlation_id or booking.correlation_id,
             data=booking_view(booking, service),
         ),
+        audience=audience_of(booking),
     )
 
 
@@ -100,7 +108,8 @@ def emit_waitlist_event(
     now: datetime,
     correlation_id: str | None,
 ) -> None:
-    """Emit ``kind`` (``WaitlistJoined`` …) for ``entry`` as it is now."""
+    """Emit ``kind`` (``WaitlistJoined`` …) for ``entry`` as it is now, to its platform and the
+    business."""
     emit(
         session,
         kind(
@@ -112,7 +121,14 @@ def emit_waitlist_event(
             correlation_id=correlation_id or entry.correlation_id,
             data=waitlist_view(entry, service),
         ),
+        audience=audience_of(entry),
     )
+
+
+def audience_of(owned: BookingRow | WaitlistRow) -> str:
+    """The audience of an event about ``owned``: its platform, or ``""`` (the business alone)
+    when the business made it. Never ``None``: a buyer's details are never public."""
+    return owned.platform_profile or ""
 
 
 def emit_availability_changed(

@@ -12,6 +12,10 @@ stranger; that is what makes an offer worth having.
 
 Every transition is a conditional ``UPDATE … WHERE state = …``, so a buyer leaving while the
 scheduler expires their offer ends in exactly one of the two, with one event.
+
+Ownership: an entry records the profile of the platform that put the buyer on the list
+(``platform_profile``; ``None`` for the business); its events, the offer included, go to that
+platform and the business only, and the booking it converts into belongs to that platform too.
 """
 
 from __future__ import annotations
@@ -57,6 +61,7 @@ __all__ = [
     "pass_on_freed_seat",
     "reuse_freed_seat",
     "same_buyer",
+    "waitlist_entry_platform",
 ]
 
 #: How long an offered seat is held for the buyer (never past the slot's start).
@@ -71,10 +76,12 @@ def join_waitlist(
     buyer: Buyer,
     *,
     correlation_id: str | None = None,
+    platform_profile: str | None = None,
     now: datetime | None = None,
 ) -> WaitlistEntry | Outcome:
     """Put ``buyer`` on the service's waitlist for a seat inside ``desired_window``
-    (``usp_waitlist_join``). ``waitlist_closed`` when the window has already ended."""
+    (``usp_waitlist_join``), on behalf of ``platform_profile`` (``None``: the business).
+    ``waitlist_closed`` when the window has already ended."""
     now = now or utcnow()
     service = find_service(session, service_id)
     if service is None:
@@ -87,6 +94,7 @@ def join_waitlist(
         window_end=desired_window.end,
         buyer=buyer.model_dump_json(),
         correlation_id=correlation_id,
+        platform_profile=platform_profile,
         created_at=now,
         updated_at=now,
     )
@@ -103,6 +111,15 @@ def get_waitlist_entry(session: Session, entry_id: str) -> WaitlistEntry | Outco
     if entry is None:
         return waitlist_entry_not_found(entry_id)
     return waitlist_view(entry, _service(session, entry))
+
+
+def waitlist_entry_platform(session: Session, entry_id: str) -> tuple[bool, str | None]:
+    """Whether the entry exists, and the profile of the platform that owns it (``None``: the
+    business); as :func:`usp_dispatcher.domain.bookings.booking_platform` is for bookings."""
+    row = session.exec(
+        select(WaitlistRow.id, WaitlistRow.platform_profile).where(col(WaitlistRow.id) == entry_id)
+    ).first()
+    return (False, None) if row is None else (True, row[1])
 
 
 def leave_waitlist(
@@ -182,15 +199,21 @@ def pass_on_freed_seat(session: Session, service: ServiceRow, slot: SlotRow, *, 
     return False
 
 
-def live_offer_for(session: Session, slot: SlotRow, buyer: Buyer, *, now: datetime) -> WaitlistRow | None:
-    """The unexpired offer of ``slot`` made to ``buyer`` (see :func:`same_buyer`), if any."""
-    offers = session.exec(
+def live_offer_for(
+    session: Session, slot: SlotRow, buyer: Buyer, *, platform_profile: str | None = None, now: datetime
+) -> WaitlistRow | None:
+    """The unexpired offer of ``slot`` made to ``buyer`` (see :func:`same_buyer`), if any, among
+    the entries of ``platform_profile`` (``None``: the business, who may take any entry's)."""
+    statement = (
         select(WaitlistRow)
         .where(col(WaitlistRow.offered_slot_id) == slot.id)
         .where(col(WaitlistRow.state) == WaitlistStatus.OFFERED)
         .where(col(WaitlistRow.offer_expires_at) > now)
         .order_by(col(WaitlistRow.created_at))
-    ).all()
+    )
+    if platform_profile is not None:
+        statement = statement.where(col(WaitlistRow.platform_profile) == platform_profile)
+    offers = session.exec(statement).all()
     return next((o for o in offers if same_buyer(Buyer.model_validate_json(o.buyer), buyer)), None)
 
 
