@@ -17,12 +17,16 @@ from fastapi import FastAPI
 from sqlalchemy.engine import Engine
 
 from usp_workers import db, keys, tasks
+from usp_workers.logs import configure_logging
 from usp_workers.settings import Settings
 
 from . import database
 from .domain import ensure_demo_catalog
+from .mcp.http import MCP_PATH, mount_mcp
 from .problems import install_problem_handlers
-from .routes import events, feed, scheduling, wellknown
+from .request_guard import RefuseNul
+from .routes import admin, discovery, events, feed, scheduling, wellknown
+from .routes import metrics as metrics_routes
 
 __all__ = ["create_app"]
 
@@ -34,6 +38,8 @@ def create_app(settings: Settings | None = None, *, engine: Engine | None = None
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        if resolved.log_format == "json":  # after the server set up its own loggers
+            configure_logging(resolved)
         own_engine = engine is None
         active = engine if engine is not None else db.make_engine(resolved)
         try:
@@ -41,7 +47,8 @@ def create_app(settings: Settings | None = None, *, engine: Engine | None = None
             app.state.engine = active
             # Committed events reach the broker at once, not at the scheduler's next pass.
             tasks.install_enqueuer(resolved)
-            yield
+            async with mcp_endpoint.serve(active):  # MCP at /mcp, and its live webhooks
+                yield
         finally:
             tasks.uninstall_enqueuer()
             if own_engine:
@@ -56,11 +63,16 @@ def create_app(settings: Settings | None = None, *, engine: Engine | None = None
     app.state.settings = resolved
     app.state.target_resolver = None
     install_problem_handlers(app)
+    app.add_middleware(RefuseNul, skip=(MCP_PATH,))  # MCP checks its arguments itself
     app.include_router(events.router)
     app.include_router(feed.router)
     app.include_router(wellknown.router)
+    app.include_router(discovery.router)
     app.include_router(scheduling.public_router)
     app.include_router(scheduling.router)
+    app.include_router(metrics_routes.router)
+    app.include_router(admin.router)
+    mcp_endpoint = mount_mcp(app, resolved)
     return app
 
 

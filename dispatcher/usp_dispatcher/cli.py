@@ -29,6 +29,7 @@ from usp_workers.models import SigningKeyRecord, utcnow
 from usp_workers.settings import Settings
 
 from . import database
+from .cli_admin import register as register_operator_commands
 
 __all__ = ["app", "keys_app", "load_settings", "main", "open_engine"]
 
@@ -100,6 +101,18 @@ def api(
     from .app import create_app
 
     uvicorn.run(create_app(load_settings()), host=host, port=port)
+
+
+@app.command()
+def mcp() -> None:
+    """Serve the USP MCP tools over stdio (one JSON-RPC message per line) until stdin closes.
+
+    For an agent that starts the business's server itself; over the network the same tools are
+    at the API's /mcp. Credentials come in _meta.usp.authorization.
+    """
+    from .mcp.stdio import run_stdio
+
+    run_stdio(load_settings())
 
 
 # ------------------------------------------------------------------------------------ delivery
@@ -228,6 +241,14 @@ def _state(record: SigningKeyRecord, now: datetime, *, published: bool) -> str:
 def _when(moment: datetime | None) -> str:
     return "-" if moment is None else moment.isoformat(timespec="seconds")
 
+
+# events, replay, recover, dead-letter, subscriptions, trigger, listen: clients of the admin API
+register_operator_commands(app)
+
+# api-keys create/list/revoke: platforms' bearer keys (imported last: it uses this module's helpers)
+from .cli_access import api_keys_app  # noqa: E402
+
+app.add_typer(api_keys_app, name="api-keys")
 
 if __name__ == "__main__":  # ``python -m usp_dispatcher.cli`` (how ``up`` starts its children)
     main()

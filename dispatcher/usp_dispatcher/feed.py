@@ -9,6 +9,12 @@ registration; the MCP tools call the same ones. Two checks guard every subscript
 * every event-type pattern names at least one real event type, so a typo such as ``bookings.*``
   is an error instead of a subscription that silently never fires.
 
+The checks and the write are separate steps: :func:`check_subscription` (async: the SSRF check
+resolves the host) runs first, then :func:`add_subscription` writes in the caller's session and
+leaves the commit to the caller, so the MCP tool can write inside
+:func:`usp_dispatcher.domain.perform` (one transaction for the subscription and its idempotency
+key) and the REST route commits by itself.
+
 Subscriptions are never deleted: deliveries reference them, and the delivery history must keep
 its meaning. Deleting one disables it with ``disabled_reason = "deleted"``.
 """
@@ -18,8 +24,9 @@ from __future__ import annotations
 import fnmatch
 import json
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, replace
-from typing import Any
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any, Final
 
 import anyio.to_thread
 import httpx
@@ -27,32 +34,42 @@ from sqlmodel import Session, col, select
 
 from usp_schemas import EVENT_TYPES
 from usp_workers.models import Subscription, SubscriptionState, Transport, utcnow
+from usp_workers.operations import DELETED
 from usp_workers.settings import Settings
 from usp_workers.ssrf import ResolvedTarget, Resolver, TargetRefused, check_target
 
 from .errors import NotFound, Refused
 
 __all__ = [
+    "ANY_PROFILE",
     "DELETED",
     "MAX_PAGE",
+    "AnyProfile",
+    "CheckedSubscription",
     "Page",
     "SubscriptionSpec",
+    "add_subscription",
+    "check_subscription",
     "check_url",
     "delete_subscription",
     "get_subscription",
     "list_subscriptions",
     "normalize_event_types",
-    "subscribe",
     "subscription_view",
     "upsert_profile_subscription",
     "wire_url",
 ]
 
-#: ``disabled_reason`` of a subscription removed through the API.
-DELETED = "deleted"
 #: Largest page the list returns, whatever ``limit`` asks for.
 MAX_PAGE = 200
 _MAX_PATTERNS = 64
+
+
+class AnyProfile(Enum):
+    """The type of :data:`ANY_PROFILE`: a filter value of its own, since ``None`` already means
+    "the business's own subscriptions"."""
+
+    ANY = "any"
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,6 +80,17 @@ class SubscriptionSpec:
     transport: Transport = Transport.REST
     event_types: Sequence[str] = ("*",)
     platform_profile: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class CheckedSubscription:
+    """A subscription that passed both checks: its URL in wire form (:func:`wire_url`), its
+    patterns normalized. Only :func:`check_subscription` makes one."""
+
+    url: str
+    transport: Transport
+    event_types: tuple[str, ...]
+    platform_profile: str | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,28 +137,41 @@ async def check_url(
         ) from None
 
 
-async def subscribe(
-    session: Session, settings: Settings, spec: SubscriptionSpec, *, resolver: Resolver | None = None
-) -> Subscription:
-    """Check ``spec`` and store it as a new active subscription (committed)."""
+async def check_subscription(
+    spec: SubscriptionSpec, settings: Settings, *, resolver: Resolver | None = None
+) -> CheckedSubscription:
+    """``spec`` checked (patterns, then the URL's SSRF check); :class:`Refused` names what is wrong.
+    Touches no database: the write is :func:`add_subscription` (or the profile upsert)."""
     patterns = normalize_event_types(spec.event_types)
-    spec = replace(spec, url=wire_url(spec.url))
-    await check_url(spec.url, settings, resolver=resolver)
-    return await anyio.to_thread.run_sync(_insert, session, spec, patterns)
+    url = wire_url(spec.url)
+    await check_url(url, settings, resolver=resolver)
+    return CheckedSubscription(url, Transport(spec.transport), tuple(patterns), spec.platform_profile)
+
+
+def add_subscription(session: Session, checked: CheckedSubscription) -> Subscription:
+    """Store ``checked`` as a new active subscription in ``session`` (flushed, not committed)."""
+    subscription = Subscription(
+        url=checked.url,
+        transport=checked.transport,
+        event_types=json.dumps(list(checked.event_types)),
+        platform_profile=checked.platform_profile,
+    )
+    session.add(subscription)
+    session.flush()
+    return subscription
 
 
 async def upsert_profile_subscription(
     session: Session, settings: Settings, spec: SubscriptionSpec, *, resolver: Resolver | None = None
 ) -> tuple[Subscription, bool]:
     """Store the subscription a platform profile asks for: update the profile's active
-    subscription to the same URL if there is one, else create it. Returns it and whether it is new.
+    subscription to the same URL if there is one, else create it (committed). Returns it and
+    whether it is new.
     """
     if spec.platform_profile is None:
         raise ValueError("a profile subscription needs spec.platform_profile")
-    patterns = normalize_event_types(spec.event_types)
-    spec = replace(spec, url=wire_url(spec.url))
-    await check_url(spec.url, settings, resolver=resolver)
-    return await anyio.to_thread.run_sync(_upsert, session, spec, patterns)
+    checked = await check_subscription(spec, settings, resolver=resolver)
+    return await anyio.to_thread.run_sync(_upsert, session, checked)
 
 
 def wire_url(url: str) -> str:
@@ -156,16 +197,33 @@ def get_subscription(session: Session, subscription_id: str) -> Subscription:
     return subscription
 
 
+#: ``platform_profile=`` of :func:`list_subscriptions` when every profile's subscriptions are wanted.
+ANY_PROFILE: Final = AnyProfile.ANY
+
+
 def list_subscriptions(
-    session: Session, *, cursor: str | None = None, limit: int = 50, state: SubscriptionState | None = None
+    session: Session,
+    *,
+    cursor: str | None = None,
+    limit: int = 50,
+    state: SubscriptionState | None = None,
+    platform_profile: str | AnyProfile | None = ANY_PROFILE,
 ) -> Page:
-    """Subscriptions in id order (ids are time-ordered, so oldest first), after ``cursor``."""
+    """Subscriptions in id order (ids are time-ordered, so oldest first), after ``cursor``.
+
+    ``platform_profile``: only that profile's subscriptions (``None``: only the business's own,
+    those without a profile); by default everyone's.
+    """
     limit = max(1, min(limit, MAX_PAGE))
     statement = select(Subscription).order_by(col(Subscription.id)).limit(limit + 1)
     if cursor:
         statement = statement.where(col(Subscription.id) > cursor)
     if state is not None:
         statement = statement.where(col(Subscription.state) == state)
+    if platform_profile is None:
+        statement = statement.where(col(Subscription.platform_profile).is_(None))
+    elif not isinstance(platform_profile, AnyProfile):
+        statement = statement.where(col(Subscription.platform_profile) == platform_profile)
     rows = list(session.exec(statement).all())
     more = len(rows) > limit
     items = rows[:limit]
@@ -199,31 +257,19 @@ def subscription_view(subscription: Subscription) -> dict[str, Any]:
     }
 
 
-def _insert(session: Session, spec: SubscriptionSpec, patterns: list[str]) -> Subscription:
-    subscription = Subscription(
-        url=spec.url,
-        transport=spec.transport,
-        event_types=json.dumps(patterns),
-        platform_profile=spec.platform_profile,
-    )
-    session.add(subscription)
-    session.commit()
-    return subscription
-
-
-def _upsert(session: Session, spec: SubscriptionSpec, patterns: list[str]) -> tuple[Subscription, bool]:
+def _upsert(session: Session, checked: CheckedSubscription) -> tuple[Subscription, bool]:
     existing = session.exec(
         select(Subscription)
-        .where(col(Subscription.platform_profile) == spec.platform_profile)
-        .where(col(Subscription.url) == spec.url)
+        .where(col(Subscription.platform_profile) == checked.platform_profile)
+        .where(col(Subscription.url) == checked.url)
         .where(col(Subscription.state) == SubscriptionState.ACTIVE)
         .order_by(col(Subscription.id))
     ).first()
     # A profile has one webhook_url: when it changes, the subscription to the old URL stops.
     for stale in session.exec(
         select(Subscription)
-        .where(col(Subscription.platform_profile) == spec.platform_profile)
-        .where(col(Subscription.url) != spec.url)
+        .where(col(Subscription.platform_profile) == checked.platform_profile)
+        .where(col(Subscription.url) != checked.url)
         .where(col(Subscription.state) == SubscriptionState.ACTIVE)
     ).all():
         stale.state = SubscriptionState.DISABLED
@@ -231,9 +277,11 @@ def _upsert(session: Session, spec: SubscriptionSpec, patterns: list[str]) -> tu
         stale.updated_at = utcnow()
         session.add(stale)
     if existing is None:
-        return _insert(session, spec, patterns), True
-    existing.transport = spec.transport
-    existing.event_types = json.dumps(patterns)
+        created = add_subscription(session, checked)
+        session.commit()
+        return created, True
+    existing.transport = checked.transport
+    existing.event_types = json.dumps(list(checked.event_types))
     existing.updated_at = utcnow()
     session.add(existing)
     session.commit()

@@ -18,8 +18,17 @@ from kombu.connection import Connection
 from sqlalchemy.engine import Engine
 from sqlmodel import Session, SQLModel, select
 
+from usp_workers import health
 from usp_workers.embedded_broker import TRANSPORT_PATH, make_broker_engine, prune_consumed
-from usp_workers.models import Delivery, DeliveryStatus, EventRecord, Subscription, new_id, utcnow
+from usp_workers.models import (
+    BreakerState,
+    Delivery,
+    DeliveryStatus,
+    EventRecord,
+    Subscription,
+    new_id,
+    utcnow,
+)
 from usp_workers.relay import RelayReport, endpoint_batch_size, plan_batches, relay_once
 from usp_workers.settings import Settings
 
@@ -180,6 +189,53 @@ def test_sends_due_deliveries_never_sent_or_sent_longer_than_requeue_after_ago(
     # Past requeue_after (and the retry's due time), still pending: sent again.
     relay_once(database, relay_settings, enqueue, now=now + timedelta(seconds=31))
     assert sorted(enqueue.ids[2:]) == sorted([never_sent, lost, just_sent, later])
+
+
+def test_a_paused_subscriptions_deliveries_wait_until_its_breaker_until_passes(
+    database: Engine, make_settings: MakeSettings
+) -> None:
+    relay_settings = make_settings(broker_url=REDIS_NOT_CONTACTED, requeue_after_seconds=3600.0)
+    tripped, backed_off, healthy = (
+        subscription(database, "a"),
+        subscription(database, "b"),
+        subscription(database, "c"),
+    )
+    now = utcnow()
+    policy = health.HealthPolicy(breaker_threshold=3, cooldown=60.0)
+    with database.begin() as connection:  # the engine's own health writes: a breaker opens, a 429
+        failing = health.Tally(tripped)
+        for _ in range(3):
+            failing.failure()
+        throttled = health.Tally(backed_off)
+        throttled.back_off(now + timedelta(seconds=20))
+        health.apply(connection, [failing, throttled], policy, now=now)
+    with Session(database) as s:
+        rows = {sub: s.get(Subscription, sub) for sub in (tripped, backed_off)}
+        assert all(row is not None for row in rows.values())
+        assert rows[tripped].breaker_state == BreakerState.OPEN  # type: ignore[union-attr]
+        assert rows[backed_off].breaker_state == BreakerState.CLOSED  # type: ignore[union-attr]
+    paused = deliveries(database, tripped, 3)
+    waiting = deliveries(database, backed_off, 2)
+    free = deliveries(database, healthy, 2)
+    enqueue = Recorder()
+
+    report = relay_once(database, relay_settings, enqueue, now=now)
+    assert sorted(enqueue.ids) == sorted(free), "nothing of a paused subscription goes to the broker"
+    assert report.enqueued == 2
+    assert all(row(database, d).enqueued_at is None for d in paused + waiting)
+
+    # The 429's pause is over (20 s), the breaker's cool-down (60 s) is not.
+    relay_once(database, relay_settings, enqueue, now=now + timedelta(seconds=21))
+    assert sorted(enqueue.ids[2:]) == sorted(waiting)
+
+    # The cool-down is over: the breaker is due for its half-open probe, so its deliveries go.
+    later = now + timedelta(seconds=61)
+    with Session(database) as s:
+        opened = s.get(Subscription, tripped)
+        assert opened is not None
+        assert health.gate(opened, later) is health.Gate.PROBE
+    relay_once(database, relay_settings, enqueue, now=later)
+    assert sorted(enqueue.ids[4:]) == sorted(paused)
 
 
 def test_a_full_round_is_followed_by_another(database: Engine, relay_settings: Settings) -> None:

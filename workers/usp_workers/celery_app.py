@@ -16,11 +16,17 @@ relay enqueues what is due), and every recovery path ends in the database:
   Redis only after an hour): the relay turns expired leases back into pending deliveries within
   ``lease_seconds`` and re-sends them. A redelivered message that arrives later finds its
   deliveries no longer pending-and-due and does nothing: claims are conditional UPDATEs.
+
+Logging: a worker of an app made for ``USP_LOG_FORMAT=json`` writes one JSON object per line,
+Celery's own lines included, however it was started (``celery -A usp_workers.celery_app
+worker``, or :func:`usp_workers.worker.run_worker`): :func:`make_celery` hooks Celery's logging
+set-up (:func:`usp_workers.logs.hook_celery_logging`). Otherwise Celery's text set-up runs.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 from typing import Any
 
 from celery import Celery
@@ -28,6 +34,7 @@ from celery.signals import after_setup_logger
 from kombu.entity import Queue
 
 from .embedded_broker import celery_broker
+from .logs import hook_celery_logging
 from .settings import Settings
 
 __all__ = [
@@ -95,6 +102,7 @@ def make_celery(settings: Settings) -> Celery:
         timezone="UTC",
     )
     setattr(celery, _SETTINGS_ATTRIBUTE, settings)
+    _log_json_if_asked(settings)
     return celery
 
 
@@ -137,6 +145,27 @@ def _transport_options(settings: Settings) -> dict[str, Any]:
     if url.startswith(("redis://", "rediss://", "redis+socket://")):
         return {"visibility_timeout": redis_visibility_timeout(settings)}
     return {}
+
+
+_json_hook_lock = threading.Lock()
+_json_hooked = False
+
+
+def _log_json_if_asked(settings: Settings) -> None:
+    """With JSON logs, make Celery's logging set-up ours, once per process.
+
+    Celery skips its own set-up when anything receives ``setup_logging``, so the receiver is
+    connected only for JSON (text keeps Celery's handlers and :func:`_quiet_per_request_logs`).
+    Connecting is all that happens here: the receiver runs only where a worker starts, never in
+    the API or the scheduler, which also make apps. The first JSON app of a process decides.
+    """
+    global _json_hooked
+    if settings.log_format != "json":
+        return
+    with _json_hook_lock:
+        if not _json_hooked:
+            hook_celery_logging(settings)
+            _json_hooked = True
 
 
 def _quiet_per_request_logs(**_: Any) -> None:

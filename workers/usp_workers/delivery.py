@@ -19,7 +19,16 @@ a relay loop, a test or a benchmark calls it the same way. One call:
    endpoint thus holds at most ``per_endpoint_concurrency`` tries (and worker threads) per
    process, and never stalls other subscriptions or makes a lease expire mid-try;
 6. judges each try (:func:`usp_workers.verdict.judge`) and records all attempts and new states
-   in one transaction, fenced by the lease (:func:`usp_workers.store.record`).
+   in one transaction, fenced by the lease (:func:`usp_workers.store.record`), with the
+   subscriptions' health (:mod:`usp_workers.health`: tallied per subscription, written only on
+   transitions or every few seconds, never once per success).
+
+Endpoint health gates step 5: a subscription whose circuit breaker is open (or that asked for
+back-pressure with a 429) has its deliveries *paused*: back to ``pending``, due when the pause
+ends, no attempt spent; when the pause ends one worker wins the half-open probe. A subscription
+with a ``rate_limit`` takes a fleet-wide start slot (:mod:`usp_workers.ratelimit`) right before
+each request; a delivery over the limit is deferred the same way. Neither costs a query for a
+healthy, unlimited subscription.
 
 Database calls run in worker threads (``anyio.to_thread``): the event loop is shared by every
 batch in flight, and a blocking query would stall all of their requests.
@@ -44,8 +53,18 @@ from sqlalchemy.engine import Engine
 
 from usp_receiver import SigningKey
 
+from . import health, ratelimit
+from .health import Gate, HealthPolicy, Tally
 from .keycache import current_signing_keys
-from .models import AttemptOutcome, DeliveryStatus, EventRecord, Subscription, SubscriptionState, utcnow
+from .models import (
+    AttemptOutcome,
+    BreakerState,
+    DeliveryStatus,
+    EventRecord,
+    Subscription,
+    SubscriptionState,
+    utcnow,
+)
 from .payloads import BodyCache, build_delivery_request
 from .runtime import background_runtime
 from .schedule import RetrySchedule
@@ -132,6 +151,12 @@ class BatchReport:
         return sum(result.error_class == "endpoint_busy" for result in self.results)
 
     @property
+    def paused(self) -> int:
+        """Deliveries not tried because of their subscription's health: breaker open, a
+        half-open probe elsewhere, back-pressure, or its rate limit (back to pending, due later)."""
+        return sum(result.error_class in _PAUSE_REASONS for result in self.results)
+
+    @property
     def stale(self) -> int:
         """Results whose state update lost to a newer owner (see :attr:`DeliveryResult.applied`)."""
         return sum(not result.applied for result in self.results)
@@ -185,6 +210,7 @@ async def deliver_batch(
     if not claimed:
         return report
     batch = _Batch(
+        engine=engine,
         settings=settings,
         client=client,
         keys=keys,
@@ -204,6 +230,8 @@ async def deliver_batch(
             updates=batch.updates,
             lease_until=lease_until,
             now=recorded_at,
+            health_tallies=batch.health_writes(recorded_at),
+            policy=batch.policy,
         )
     )
     report.results = [_applied(result, result.delivery_id in applied) for result in batch.results]
@@ -232,10 +260,16 @@ def deliver_batch_sync(
 # --------------------------------------------------------------------------------------------
 
 
+_PAUSE_REASONS = frozenset({"breaker_open", "probe_elsewhere", "backpressure", "rate_limited"})
+
+_Item = tuple[Claimed, EventRecord, Subscription]
+
+
 @dataclass
 class _Batch:
     """The per-batch state: what to send with, and what happened (attempts, updates, results)."""
 
+    engine: Engine
     settings: Settings
     client: httpx.AsyncClient
     keys: Sequence[SigningKey]
@@ -248,9 +282,27 @@ class _Batch:
     attempts: list[AttemptRow] = field(default_factory=list)
     updates: list[DeliveryUpdate] = field(default_factory=list)
     results: list[DeliveryResult] = field(default_factory=list)
+    tallies: dict[str, Tally] = field(default_factory=dict)
+    #: per rate-limited subscription: when its next slot frees, and how many were deferred to it
+    rate_blocked: dict[str, tuple[datetime, int]] = field(default_factory=dict)
+
+    @property
+    def policy(self) -> HealthPolicy:
+        return HealthPolicy.from_settings(self.settings)
+
+    def health_writes(self, now: datetime) -> list[Tally]:
+        """The tallies that must touch their subscription's row (see :mod:`usp_workers.health`)."""
+        policy = self.policy
+        writes = []
+        for tally in self.tallies.values():
+            seen = self.subscriptions.get(tally.subscription_id)
+            tally.breaker_seen_open = seen is None or seen.breaker_state != BreakerState.CLOSED
+            if health.needs_write(tally, seen, policy, now):
+                writes.append(tally)
+        return writes
 
     async def run(self, claimed: Iterable[Claimed], resolver: Resolver | None) -> None:
-        sendable: list[tuple[Claimed, EventRecord, Subscription]] = []
+        sendable: list[_Item] = []
         for delivery in claimed:
             event = self.events.get(delivery.event_id)
             subscription = self.subscriptions.get(delivery.subscription_id)
@@ -260,6 +312,7 @@ class _Batch:
                 self._give_up(delivery, "subscription disabled")
             else:
                 sendable.append((delivery, event, subscription))
+        sendable = await self._gate(sendable)
         targets = await _check_targets({sub.url for _, _, sub in sendable}, self.settings, resolver)
         groups: dict[int, list[tuple[Claimed, EventRecord, Subscription]]] = {}
         slots: dict[int, anyio.Semaphore] = {}
@@ -267,7 +320,7 @@ class _Batch:
             for item in sendable:
                 target = targets[item[2].url]
                 if isinstance(target, Exception):
-                    self._conclude(item[0], item[2], refused_result(target, self.now()))
+                    self._conclude(item[0], item[1], item[2], refused_result(target, self.now()))
                     continue
                 slot = endpoint_slot(target, self.settings.per_endpoint_concurrency)
                 slots[id(slot)] = slot
@@ -275,10 +328,90 @@ class _Batch:
             for key, items in groups.items():
                 group.start_soon(self._run_endpoint, slots[key], items, targets)
 
+    async def _gate(self, items: list[_Item]) -> list[_Item]:
+        """Pause the deliveries whose subscription's breaker is open or half-open with a probe
+        elsewhere, or that is under back-pressure; claim the probe where a cool-down has ended
+        (one delivery probes, the rest wait for its verdict). No query unless a probe is due."""
+        now = self.now()
+        gates = {sub.id: health.gate(sub, now) for sub in {item[2].id: item[2] for item in items}.values()}
+        if all(g is Gate.SEND for g in gates.values()):
+            return items
+        probes = sorted(sub_id for sub_id, g in gates.items() if g is Gate.PROBE)
+        won: set[str] = set()
+        if probes:
+            won = await anyio.to_thread.run_sync(partial(self._claim_probes, probes, now))
+        passed: list[_Item] = []
+        probing: set[str] = set()
+        for item in items:
+            delivery, _, subscription = item
+            decision = gates[subscription.id]
+            if decision is Gate.SEND:
+                passed.append(item)
+            elif decision is Gate.PAUSED:
+                reason = {
+                    BreakerState.OPEN: "breaker_open",
+                    BreakerState.HALF_OPEN: "probe_elsewhere",
+                }.get(BreakerState(subscription.breaker_state), "backpressure")
+                self._defer(delivery, until=subscription.breaker_until or now, reason=reason)
+            elif subscription.id in won and subscription.id not in probing:
+                probing.add(subscription.id)
+                self._tally(subscription.id).probe = True
+                passed.append(item)
+            else:  # the probe is someone else's, or another delivery of this batch's
+                self._defer(delivery, until=self._probe_deadline(now), reason="probe_elsewhere")
+        return passed
+
+    def _probe_deadline(self, now: datetime) -> datetime:
+        """When a half-open probe claimed at ``now`` counts as lost (another worker may probe):
+        it has :data:`SLOT_WAIT` to start, ``total_timeout`` to end, :data:`RECORD_MARGIN` to be
+        recorded; never past our lease. The subscription's other deliveries wait until then."""
+        seconds = SLOT_WAIT + self.settings.total_timeout + RECORD_MARGIN
+        return min(self.lease_until, now + timedelta(seconds=seconds))
+
+    def _claim_probes(self, subscription_ids: Sequence[str], now: datetime) -> set[str]:
+        won: set[str] = set()
+        with self.engine.begin() as connection:
+            for subscription_id in subscription_ids:
+                if health.claim_probe(
+                    connection, subscription_id, now=now, probe_until=self._probe_deadline(now)
+                ):
+                    won.add(subscription_id)
+        return won
+
+    async def _rate_limited(self, delivery: Claimed, subscription: Subscription) -> bool:
+        """Take a fleet-wide start slot for a rate-limited subscription right before its request;
+        False when there is none (no limit, or a slot was taken). A delivery over the limit is
+        deferred to when a slot frees, later ones of the batch a window further each (so a
+        backlog does not come back all at once, only to be deferred again)."""
+        limit = subscription.rate_limit
+        if not limit:
+            return False
+        window = ratelimit.window_of(self.settings.rate_limit_margin_seconds)
+        blocked = self.rate_blocked.get(subscription.id)
+        if blocked is None:
+            frees_at = await anyio.to_thread.run_sync(
+                partial(
+                    ratelimit.take_slot, self.engine, subscription.id, limit, now=self.now(), window=window
+                )
+            )
+            if frees_at is None:
+                return False
+            blocked = (frees_at, 0)
+        frees_at, waiting = blocked
+        self.rate_blocked[subscription.id] = (frees_at, waiting + 1)
+        self._defer(delivery, until=frees_at + window * (waiting // limit), reason="rate_limited")
+        return True
+
+    def _tally(self, subscription_id: str) -> Tally:
+        tally = self.tallies.get(subscription_id)
+        if tally is None:
+            tally = self.tallies[subscription_id] = Tally(subscription_id)
+        return tally
+
     async def _run_endpoint(
         self,
         slot: anyio.Semaphore,
-        items: list[tuple[Claimed, EventRecord, Subscription]],
+        items: list[_Item],
         targets: dict[str, ResolvedTarget | Exception],
     ) -> None:
         """Send this batch's deliveries to one endpoint with the endpoint slots free *now*.
@@ -313,11 +446,13 @@ class _Batch:
                 if not first and self._lease_budget() <= 0:
                     self._defer(delivery)
                     continue
+                if await self._rate_limited(delivery, subscription):
+                    continue
                 first = False
                 target = targets[subscription.url]
                 assert isinstance(target, ResolvedTarget)
                 result = await self._send(delivery, event, subscription, target)
-                self._conclude(delivery, subscription, result)
+                self._conclude(delivery, event, subscription, result)
 
         try:
             async with anyio.create_task_group() as group:
@@ -350,11 +485,22 @@ class _Batch:
             return refused_result(exc, self.now())
         return await send_once(self.client, target, body, headers, self.settings, now=self.now)
 
-    def _conclude(self, delivery: Claimed, subscription: Subscription, result: TryResult) -> None:
+    def _conclude(
+        self, delivery: Claimed, event: EventRecord, subscription: Subscription, result: TryResult
+    ) -> None:
         number = delivery.attempt_count + 1
         verdict = judge(result, number, self.schedule)
         finished = self.now()
         next_at = None if verdict.delay is None else finished + timedelta(seconds=verdict.delay)
+        tally = self._tally(subscription.id)
+        if verdict.outcome is AttemptOutcome.SUCCEEDED:
+            tally.success()
+        else:
+            tally.failure(exhausted=verdict.outcome is AttemptOutcome.DEAD)
+        pause = backpressure(result)
+        if pause is not None:
+            tally.back_off(finished + timedelta(seconds=pause))
+        _log_try(delivery, event, number, verdict, result)
         self.attempts.append(
             AttemptRow(
                 delivery_id=delivery.id,
@@ -391,16 +537,20 @@ class _Batch:
             )
         )
 
-    def _defer(self, delivery: Claimed) -> None:
-        """Not tried: the endpoint stayed busy past our time budget. Back to pending, due now
-        (the relay re-sends it); no Attempt, ``attempt_count`` unchanged."""
+    def _defer(
+        self, delivery: Claimed, *, until: datetime | None = None, reason: str = "endpoint_busy"
+    ) -> None:
+        """Not tried: the endpoint stayed busy past our time budget (due now), or the
+        subscription's health paused it (due ``until``). Back to pending (the relay re-sends it
+        when due); no Attempt, ``attempt_count`` unchanged."""
+        due = until if until is not None else self.now()
         self.updates.append(
             DeliveryUpdate(
                 delivery_id=delivery.id,
                 status=DeliveryStatus.PENDING,
                 tried=False,
                 deferred=True,
-                next_attempt_at=self.now(),
+                next_attempt_at=due,
             )
         )
         self.results.append(
@@ -409,7 +559,8 @@ class _Batch:
                 outcome=AttemptOutcome.RETRY,
                 status=DeliveryStatus.PENDING,
                 attempt_number=None,
-                error_class="endpoint_busy",
+                error_class=reason,
+                next_attempt_at=due,
             )
         )
 
@@ -451,6 +602,52 @@ async def _check_targets(
         for url in urls:
             group.start_soon(check, url)
     return checked
+
+
+def backpressure(result: TryResult) -> float | None:
+    """Seconds a try asks the subscription's *other* deliveries to hold off: a 429 (its
+    ``Retry-After``, else a second) or a 503 with ``Retry-After``, capped at
+    :data:`usp_workers.health.BACKPRESSURE_MAX`.
+
+    >>> from datetime import UTC, datetime
+    >>> backpressure(TryResult(datetime(2026, 1, 1, tzinfo=UTC), 1.0, status_code=429, retry_after=3600))
+    60.0
+    """
+    if result.status_code == 429:
+        return min(result.retry_after if result.retry_after is not None else 1.0, health.BACKPRESSURE_MAX)
+    if result.status_code == 503 and result.retry_after is not None:
+        return min(result.retry_after, health.BACKPRESSURE_MAX)
+    return None
+
+
+def _log_try(delivery: Claimed, event: EventRecord, number: int, verdict: Verdict, result: TryResult) -> None:
+    """One line per try, with the ids an operator searches by (never a header or a body):
+    successes at DEBUG (thousands a second), retries at INFO, dead letters at WARNING."""
+    if verdict.outcome is AttemptOutcome.SUCCEEDED:
+        level = logging.DEBUG
+    elif verdict.outcome is AttemptOutcome.RETRY:
+        level = logging.INFO
+    else:
+        level = logging.WARNING
+    if not logger.isEnabledFor(level):
+        return
+    logger.log(
+        level,
+        "delivery %s try %d: %s (%s)",
+        delivery.id,
+        number,
+        verdict.outcome.value,
+        verdict.last_error or result.status_code,
+        extra={
+            "event_id": event.id,
+            "delivery_id": delivery.id,
+            "subscription_id": delivery.subscription_id,
+            "correlation_id": event.correlation_id,
+            "attempt_number": number,
+            "outcome": verdict.outcome.value,
+            "status_code": result.status_code,
+        },
+    )
 
 
 def _disable(verdict: Verdict, subscription: Subscription) -> tuple[str, str] | None:

@@ -27,6 +27,7 @@ __all__ = [
     "Job",
     "JobStatus",
     "Notice",
+    "RateSlot",
     "SigningKeyRecord",
     "Subscription",
     "SubscriptionState",
@@ -148,8 +149,24 @@ class Subscription(SQLModel, table=True):
     last_failure_at: datetime | None = Field(default=None, sa_type=UtcDateTime)
     breaker_state: BreakerState = Field(default=BreakerState.CLOSED, sa_type=sa.String(16))
     breaker_until: datetime | None = Field(default=None, sa_type=UtcDateTime)
+    breaker_opens: int = Field(
+        default=0,
+        sa_column_kwargs={"server_default": "0"},
+        description="times the breaker opened since it was last closed (the cool-down doubles each time)",
+    )
     created_at: datetime = Field(default_factory=utcnow, sa_type=UtcDateTime)
     updated_at: datetime = Field(default_factory=utcnow, sa_type=UtcDateTime)
+
+
+class RateSlot(SQLModel, table=True):
+    """One of a rate-limited subscription's ``rate_limit`` start slots (see
+    :mod:`usp_workers.ratelimit`): a delivery may start only on a slot last used a second ago."""
+
+    __tablename__ = "usp_rate_slots"
+
+    subscription_id: str = Field(primary_key=True, max_length=40)
+    slot: int = Field(primary_key=True)
+    last_start_at: datetime | None = Field(default=None, sa_type=UtcDateTime)
 
 
 class Delivery(SQLModel, table=True):

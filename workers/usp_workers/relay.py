@@ -12,8 +12,17 @@ cancelled. Instead, every ``relay_interval_seconds`` :func:`relay_once`:
    ``requeue_after_seconds`` ago and still pending (the message was lost: a crash between commit
    and hand-off, a flushed Redis, a dead worker's prefetched message). They are *marked* first,
    with one conditional ``UPDATE … RETURNING`` (``FOR UPDATE SKIP LOCKED`` on PostgreSQL), so
-   two relays running at once each send a disjoint set; then sent in batches.
-3. **prunes the embedded broker**, whose consumed messages are never deleted by kombu.
+   two relays running at once each send a disjoint set; then sent in batches. Deliveries of a
+   *paused* subscription (``breaker_until`` ahead: an open breaker, a half-open probe in flight,
+   429 back-pressure) are left for later: a worker would only claim them to defer them again.
+3. **re-sends stalled jobs**: a running recover or redrive job that made no progress for
+   ``job_stale_after_seconds`` lost its worker; it goes to the workers again and continues after
+   its last committed batch (:func:`usp_workers.operations.reclaim_stale_jobs`).
+4. **prunes the embedded broker**, whose consumed messages are never deleted by kombu.
+
+:func:`run_relay` also runs **retention** (:mod:`usp_workers.retention`): old events and
+attempts are deleted in small batches, at start and then every few minutes, in the same loop,
+so retention needs no extra process and never runs twice at once in one scheduler.
 
 Running two relays is safe (step 2), and running none only delays: emit hands fresh deliveries
 to the broker itself, the relay catches up everything else when it comes back.
@@ -25,10 +34,11 @@ import logging
 import signal
 import threading
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from functools import partial
 from types import FrameType
 
 import sqlalchemy as sa
@@ -38,13 +48,17 @@ from sqlmodel import SQLModel
 
 from .db import make_engine
 from .embedded_broker import make_broker_engine, prune_consumed
-from .models import Delivery, DeliveryStatus, utcnow
+from .logs import configure_logging
+from .models import Delivery, DeliveryStatus, Subscription, utcnow
+from .operations import reclaim_stale_jobs
 from .outbox import Enqueue
+from .retention import RetentionReport, RetentionSchedule, prune_once
 from .settings import Settings
 
 __all__ = [
     "MAX_ROUNDS",
     "RELAY_LIMIT",
+    "EnqueueJob",
     "RelayReport",
     "endpoint_batch_size",
     "mark_due",
@@ -62,7 +76,11 @@ RELAY_LIMIT = 5000
 #: pruning keep their rhythm.
 MAX_ROUNDS = 20
 
+#: Sends one recover/redrive job to the workers (:func:`usp_workers.tasks.enqueue_job` bound to an app).
+EnqueueJob = Callable[[str], None]
+
 _deliveries: sa.Table = SQLModel.metadata.tables[Delivery.__tablename__]
+_subscriptions: sa.Table = SQLModel.metadata.tables[Subscription.__tablename__]
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,11 +92,12 @@ class RelayReport:
     batches: int = 0  #: tasks sent
     failed: int = 0  #: deliveries marked but not sent (broker error); re-sent after requeue_after
     pruned: int = 0  #: consumed embedded-broker messages deleted
+    jobs: int = 0  #: stalled recover/redrive jobs sent to the workers again
 
     @property
     def busy(self) -> bool:
         """Whether the pass did anything worth a log line."""
-        return bool(self.reclaimed or self.enqueued or self.failed or self.pruned)
+        return bool(self.reclaimed or self.enqueued or self.failed or self.pruned or self.jobs)
 
 
 def relay_once(
@@ -89,12 +108,15 @@ def relay_once(
     now: datetime | None = None,
     limit: int = RELAY_LIMIT,
     broker_engine: Engine | None = None,
+    enqueue_job: EnqueueJob | None = None,
 ) -> RelayReport:
-    """One scheduler pass at ``now``: reclaim expired leases, enqueue due deliveries, prune.
+    """One scheduler pass at ``now``: reclaim expired leases, enqueue due deliveries, re-send
+    stalled jobs (only with ``enqueue_job``), prune.
 
     ``enqueue`` sends one batch (:func:`usp_workers.tasks.enqueue_deliveries` bound to an app).
     When it raises, the pass stops sending: the rest of the marked deliveries are re-sent
     ``requeue_after_seconds`` later, which also paces retries against a broker that is down.
+    A job ``enqueue_job`` fails to send is taken again ``job_stale_after_seconds`` later.
     ``broker_engine`` is the embedded broker's database (made on demand when it is in use).
     """
     moment = now if now is not None else utcnow()
@@ -110,10 +132,15 @@ def relay_once(
             break
         if len(rows) < limit:
             break
+    jobs = 0
+    if enqueue_job is not None:
+        jobs = _resend_jobs(engine, settings, enqueue_job, moment)
     pruned = 0
     if settings.uses_embedded_broker:
         pruned = _prune(broker_engine, settings, moment)
-    return RelayReport(reclaimed=reclaimed, enqueued=enqueued, batches=batches, failed=failed, pruned=pruned)
+    return RelayReport(
+        reclaimed=reclaimed, enqueued=enqueued, batches=batches, failed=failed, pruned=pruned, jobs=jobs
+    )
 
 
 def reclaim_expired_leases(engine: Engine, *, now: datetime) -> int:
@@ -140,6 +167,13 @@ def mark_due(
     One conditional statement: a row another relay marked a moment ago no longer matches, and on
     PostgreSQL rows another relay is marking right now are skipped (``SKIP LOCKED``) rather than
     waited for; SQLite runs one writer at a time. So concurrent relays return disjoint sets.
+
+    Deliveries of a subscription paused until after ``now`` (:func:`usp_workers.health.gate`:
+    ``breaker_until`` ahead, whatever the breaker's state) are skipped: sent, they would be
+    claimed only to be put back to ``pending`` until ``breaker_until``, a wasted task and two
+    writes each, every pass. They are sent once it passes (the half-open probe among them). The
+    test is a ``NOT EXISTS`` on the subscription's primary key per due row, so the scan stays
+    the due index's and the subscriptions table is only probed, never scanned.
     """
     cutoff = now - timedelta(seconds=settings.requeue_after_seconds)
     due = sa.and_(
@@ -147,9 +181,13 @@ def mark_due(
         _deliveries.c.next_attempt_at <= now,
         sa.or_(_deliveries.c.enqueued_at.is_(None), _deliveries.c.enqueued_at < cutoff),
     )
+    paused = sa.exists().where(
+        _subscriptions.c.id == _deliveries.c.subscription_id,
+        _subscriptions.c.breaker_until > now,
+    )
     candidates = (
         sa.select(_deliveries.c.id)
-        .where(due)
+        .where(due, ~paused)
         .order_by(_deliveries.c.next_attempt_at)
         .limit(limit)
         .with_for_update(skip_locked=True)  # PostgreSQL; SQLite renders nothing (it locks the file)
@@ -210,23 +248,32 @@ def plan_batches(rows: Iterable[tuple[str, str]], settings: Settings) -> list[li
 
 
 def run_relay(
-    settings: Settings, *, stop: threading.Event | None = None, enqueue: Enqueue | None = None
+    settings: Settings,
+    *,
+    stop: threading.Event | None = None,
+    enqueue: Enqueue | None = None,
+    enqueue_job: EnqueueJob | None = None,
 ) -> None:
     """Run :func:`relay_once` every ``relay_interval_seconds`` until ``stop`` is set (or, without
-    one, until SIGTERM or SIGINT). ``enqueue`` defaults to the Celery app of ``settings``."""
+    one, until SIGTERM or SIGINT). ``enqueue`` and ``enqueue_job`` default to the Celery app of
+    ``settings``."""
     from . import tasks  # Celery only where the loop really runs
     from .celery_app import make_celery
 
-    _default_logging()
+    _default_logging(settings)
     engine = make_engine(settings)
     celery = None
-    if enqueue is None:
-        celery = make_celery(settings)
-        enqueue = tasks.enqueuer(celery)
+    if enqueue is None or enqueue_job is None:
+        celery = make_celery(settings)  # connects on first send only
+        if enqueue is None:
+            enqueue = tasks.enqueuer(celery)
+        if enqueue_job is None:
+            enqueue_job = partial(tasks.enqueue_job, app=celery)
     broker_engine = (
         make_broker_engine(settings.broker_url_resolved) if settings.uses_embedded_broker else None
     )
     stopping = stop if stop is not None else threading.Event()
+    retention = RetentionSchedule()
     logger.info(
         "scheduler started: database %s, broker %s, a pass every %.1f s",
         _safe_url(settings.database_url),
@@ -237,7 +284,8 @@ def run_relay(
         with _stop_on_signals(stopping, install=stop is None):
             while not stopping.is_set():
                 started = time.monotonic()
-                _pass(engine, settings, enqueue, broker_engine)
+                _pass(engine, settings, enqueue, enqueue_job, broker_engine)
+                _retain(engine, settings, retention)
                 stopping.wait(max(0.0, settings.relay_interval_seconds - (time.monotonic() - started)))
     finally:
         engine.dispose()
@@ -248,9 +296,15 @@ def run_relay(
         logger.info("scheduler stopped")
 
 
-def _pass(engine: Engine, settings: Settings, enqueue: Enqueue, broker_engine: Engine | None) -> None:
+def _pass(
+    engine: Engine,
+    settings: Settings,
+    enqueue: Enqueue,
+    enqueue_job: EnqueueJob,
+    broker_engine: Engine | None,
+) -> None:
     try:
-        report = relay_once(engine, settings, enqueue, broker_engine=broker_engine)
+        report = relay_once(engine, settings, enqueue, broker_engine=broker_engine, enqueue_job=enqueue_job)
     except sa.exc.SQLAlchemyError:
         # The database is down or busy: say so, and try again next pass (nothing is lost).
         logger.exception("scheduler pass failed; retrying in %.1f s", settings.relay_interval_seconds)
@@ -258,14 +312,62 @@ def _pass(engine: Engine, settings: Settings, enqueue: Enqueue, broker_engine: E
     if report.busy:
         logger.info(
             "scheduler: %d enqueued in %d batches, %d expired leases reclaimed, %d not sent "
-            "(broker error; re-sent in %.0f s), %d consumed broker messages pruned",
+            "(broker error; re-sent in %.0f s), %d consumed broker messages pruned, %d stalled jobs re-sent",
             report.enqueued,
             report.batches,
             report.reclaimed,
             report.failed,
             settings.requeue_after_seconds,
             report.pruned,
+            report.jobs,
         )
+
+
+def _retain(engine: Engine, settings: Settings, schedule: RetentionSchedule) -> None:
+    now = utcnow()
+    if settings.retention_days <= 0 or not schedule.due(now):
+        return
+    try:
+        report = prune_once(engine, settings, now=now)
+    except sa.exc.SQLAlchemyError:
+        # Busy or down: retention can wait for a later pass (nothing depends on it being on time).
+        logger.exception("retention pass failed; retrying later")
+        schedule.done(RetentionReport(), now)  # next interval, not next pass: it is struggling
+        return
+    schedule.done(report, now)
+    if report.busy:
+        logger.info(
+            "retention: %d events (%d deliveries), %d attempts, %d notices older than %g days pruned%s",
+            report.events,
+            report.deliveries,
+            report.attempts,
+            report.notices,
+            settings.retention_days,
+            "; more next pass" if report.more else "",
+        )
+
+
+def _resend_jobs(engine: Engine, settings: Settings, enqueue_job: EnqueueJob, now: datetime) -> int:
+    """Send the stalled jobs again; stop at the first broker error (those not sent are taken
+    again ``job_stale_after_seconds`` later). Returns how many were sent."""
+    sent = 0
+    for job_id in reclaim_stale_jobs(engine, now=now, stale_after=settings.job_stale_after_seconds):
+        try:
+            enqueue_job(job_id)
+        except Exception:
+            logger.exception(
+                "broker refused stalled job %s; trying again in %.0f s",
+                job_id,
+                settings.job_stale_after_seconds,
+            )
+            return sent
+        logger.info(
+            "job %s made no progress for %.0f s: sent to the workers again",
+            job_id,
+            settings.job_stale_after_seconds,
+        )
+        sent += 1
+    return sent
 
 
 def _send(batches: Sequence[list[str]], enqueue: Enqueue) -> tuple[int, int, int]:
@@ -318,9 +420,12 @@ def _stop_on_signals(stop: threading.Event, *, install: bool) -> Iterator[None]:
             signal.signal(sig, handler)
 
 
-def _default_logging() -> None:
-    """INFO lines on stderr when nobody configured logging (the CLI, a bare script)."""
-    if not logging.getLogger().handlers:
+def _default_logging(settings: Settings) -> None:
+    """INFO lines on stderr when nobody configured logging (the CLI, a bare script); one JSON
+    object per line with ``USP_LOG_FORMAT=json`` (:mod:`usp_workers.logs`)."""
+    if settings.log_format == "json":
+        configure_logging(settings)
+    elif not logging.getLogger().handlers:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import ipaddress
 from functools import cached_property
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
@@ -80,6 +80,12 @@ class Settings(BaseSettings):
     relay_interval_seconds: float = Field(
         default=1.0, gt=0, description="how often the scheduler looks for due work"
     )
+    job_stale_after_seconds: float = Field(
+        default=120.0,
+        gt=0,
+        description="a running recover/redrive job that made no progress for this long (its worker died) "
+        "is sent to the workers again by the scheduler",
+    )
     batch_size: int = Field(default=50, ge=1, le=1000, description="deliveries per worker task")
     per_endpoint_concurrency: int = Field(
         default=8, ge=1, description="concurrent requests to one endpoint per worker"
@@ -94,8 +100,76 @@ class Settings(BaseSettings):
         ge=0,
         description="after a new key starts signing, the old one also signs for this long",
     )
+    health_write_interval_seconds: float = Field(
+        default=5.0,
+        ge=0,
+        description="a healthy subscription's last_success_at is written at most this often (its row is not "
+        "updated on every delivery)",
+    )
+    auto_disable_after_seconds: float = Field(
+        default=432000.0,
+        gt=0,
+        description="a subscription whose deliveries failed continuously this long is disabled when a "
+        "delivery exhausts its schedule (default 5 days)",
+    )
+    breaker_threshold: int = Field(
+        default=10,
+        ge=0,
+        description="consecutive failed tries that open a subscription's circuit breaker (0: no breaker)",
+    )
+    breaker_cooldown_seconds: float = Field(
+        default=30.0,
+        gt=0,
+        description="an open breaker pauses deliveries this long before one probe; doubled after each "
+        "failed probe",
+    )
+    breaker_max_cooldown_seconds: float = Field(
+        default=3600.0, gt=0, description="the longest pause an open breaker grows to"
+    )
+    rate_limit_margin_seconds: float = Field(
+        default=0.1,
+        ge=0,
+        description="a rate-limited subscription's N deliveries/s are counted over 1 s plus this margin "
+        "(network jitter between workers and the receiver)",
+    )
+    retention_days: float = Field(
+        default=30.0,
+        ge=0,
+        description="events (with their deliveries) and attempts older than this are pruned by the "
+        "scheduler; 0 keeps everything",
+    )
+    metrics_public: bool = Field(
+        default=False,
+        description="serve GET /metrics without the admin token (only on a private network)",
+    )
+    metrics_window_seconds: float = Field(
+        default=300.0,
+        gt=0,
+        description="the attempt latency histogram on /metrics covers the attempts of this many last seconds",
+    )
+    log_format: Literal["text", "json"] = Field(
+        default="text",
+        description="text, or json: one JSON object per line with event_id, delivery_id, subscription_id, "
+        "correlation_id (api, worker, scheduler)",
+    )
 
-    @field_validator("retry_schedule", "private_target_allowlist", mode="before")
+    require_authentication: bool = Field(
+        default=True,
+        description="privileged MCP tools refuse callers that did not authenticate (false: anonymous "
+        "platforms may book, bound to their _meta.usp.profile only)",
+    )
+    auth_mechanisms: Annotated[
+        tuple[Literal["bearer", "http_message_signatures", "booking_scoped_credential"], ...], NoDecode
+    ] = Field(
+        default=("bearer", "http_message_signatures", "booking_scoped_credential"),
+        description="authentication mechanisms offered to platforms, comma-separated (published in "
+        "/.well-known/usp); the admin token is always accepted",
+    )
+    booking_credential_ttl_seconds: int = Field(
+        default=2_592_000, gt=0, description="lifetime of an issued booking_scoped_credential (30 days)"
+    )
+
+    @field_validator("retry_schedule", "private_target_allowlist", "auth_mechanisms", mode="before")
     @classmethod
     def _split_commas(cls, value: object) -> object:
         if isinstance(value, str):

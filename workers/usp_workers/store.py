@@ -13,6 +13,9 @@ open across the network:
    state, in one transaction. The state update is fenced: it applies only while the row is still
    ``in_flight`` under *our* lease. A worker that overran its lease (and whose delivery another
    worker has since claimed) still records its attempt, but cannot overwrite the newer state.
+   The same transaction writes the subscriptions' health (:func:`usp_workers.health.apply`),
+   which the caller has already cut down to the rows that must change: transitions, and at most
+   one refresh per subscription every few seconds, never a write per success.
 
 The lease is the fencing token, so a claim's lease must differ from the one it replaces; it
 does whenever the clock moves between the two claims (any real clock does).
@@ -29,6 +32,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 from sqlmodel import Session, SQLModel, col, select
 
+from . import health
 from .db import session
 from .models import (
     Attempt,
@@ -36,14 +40,12 @@ from .models import (
     DeliveryStatus,
     EventRecord,
     Subscription,
-    SubscriptionState,
 )
 
 __all__ = ["AttemptRow", "Claimed", "DeliveryUpdate", "claim", "claim_and_load", "load", "record"]
 
 _deliveries: sa.Table = SQLModel.metadata.tables[Delivery.__tablename__]
 _attempts: sa.Table = SQLModel.metadata.tables[Attempt.__tablename__]
-_subscriptions: sa.Table = SQLModel.metadata.tables[Subscription.__tablename__]
 
 _LAST_ERROR_MAX = 512
 _DISABLED_REASON_MAX = 256
@@ -176,10 +178,13 @@ def record(
     updates: Sequence[DeliveryUpdate],
     lease_until: datetime,
     now: datetime,
+    health_tallies: Sequence[health.Tally] = (),
+    policy: health.HealthPolicy | None = None,
 ) -> set[str]:
     """Insert ``attempts`` and apply ``updates`` under our lease, in one transaction; disable the
-    subscriptions a 410 asked to. Returns the ids whose update applied (the others had been taken
-    over by another worker after our lease expired)."""
+    subscriptions a 410 asked to (with a ``subscription.disabled`` notice), and write
+    ``health_tallies`` under ``policy``. Returns the ids whose update applied (the others had
+    been taken over by another worker after our lease expired)."""
     applied: set[str] = set()
     with engine.begin() as connection:
         if attempts:
@@ -198,21 +203,12 @@ def record(
             if tried:
                 statement = statement.values(attempt_count=_deliveries.c.attempt_count + 1)
             applied.update(connection.execute(statement).scalars())
+        if health_tallies:
+            health.apply(connection, health_tallies, policy or health.HealthPolicy(), now=now)
         for subscription_id, reason in sorted(
             {u.disable_subscription for u in updates if u.disable_subscription is not None}
         ):
-            connection.execute(
-                sa.update(_subscriptions)
-                .where(
-                    _subscriptions.c.id == subscription_id,
-                    _subscriptions.c.state == SubscriptionState.ACTIVE.value,
-                )
-                .values(
-                    state=SubscriptionState.DISABLED.value,
-                    disabled_reason=reason[:_DISABLED_REASON_MAX],
-                    updated_at=now,
-                )
-            )
+            health.disable(connection, subscription_id, reason[:_DISABLED_REASON_MAX], now=now)
     return applied
 
 

@@ -7,6 +7,8 @@ thousands of times a second. A batch shares that cost, its claim, its load and i
 * :func:`deliver` (``usp.deliver``, a list of delivery ids) calls the engine
   (:func:`usp_workers.delivery.deliver_batch_sync`) on a per-process database engine.
 * :func:`enqueue_deliveries` splits ids into ``batch_size`` batches and sends one task each.
+* :func:`run_job` (``usp.run_job``, a job id) works an admin recover or redrive job through
+  (:mod:`usp_workers.operations`); :func:`enqueue_job` sends it.
 * :func:`install_enqueuer` makes every :func:`usp_workers.outbox.emit` in this process hand its
   deliveries to the broker right after the transaction commits (the API calls it at start-up).
 """
@@ -25,7 +27,7 @@ from celery import Celery, shared_task
 from celery.signals import worker_process_shutdown, worker_shutdown
 from sqlalchemy.engine import Engine
 
-from . import delivery, outbox
+from . import delivery, operations, outbox
 from .celery_app import DELIVER_TASK, QUEUE, make_celery, settings_of
 from .celery_app import app as default_app
 from .db import make_engine
@@ -33,12 +35,15 @@ from .settings import Settings
 
 __all__ = [
     "PUBLISH_RETRY_POLICY",
+    "RUN_JOB_TASK",
     "deliver",
     "dispose_engines",
     "engine_for",
     "enqueue_deliveries",
+    "enqueue_job",
     "enqueuer",
     "install_enqueuer",
+    "run_job",
     "uninstall_enqueuer",
 ]
 
@@ -100,6 +105,37 @@ deliver = shared_task(
     reject_on_worker_lost=True,
     ignore_result=True,
 )(_deliver)
+
+
+#: An admin job (recover, redrive: :mod:`usp_workers.operations`) on the delivery queue.
+RUN_JOB_TASK = "usp.run_job"
+
+
+def _run_job(task: Any, job_id: str) -> dict[str, Any]:
+    """``usp.run_job``: work an admin job through in batches, handing each batch's deliveries to
+    the broker. Run again (a redelivered message, a resume), it continues from its cursor."""
+    settings = settings_of(task.app)
+    job = operations.run_job(engine_for(settings), job_id, enqueue=enqueuer(task.app))
+    logger.info("job %s (%s): %s, %d deliveries handled", job.id, job.kind, job.status, job.processed)
+    return {"status": job.status, "processed": job.processed}
+
+
+run_job = shared_task(
+    name=RUN_JOB_TASK, bind=True, acks_late=True, reject_on_worker_lost=True, ignore_result=True
+)(_run_job)
+
+
+def enqueue_job(job_id: str, *, app: Celery | None = None) -> None:
+    """Send ``usp.run_job`` for ``job_id`` (raises what the broker raises)."""
+    target = app if app is not None else (_installed or default_app)
+    target.send_task(
+        RUN_JOB_TASK,
+        args=[job_id],
+        queue=QUEUE,
+        routing_key=QUEUE,
+        retry=True,
+        retry_policy=PUBLISH_RETRY_POLICY,
+    )
 
 
 # ------------------------------------------------------------------------------- the engine

@@ -19,6 +19,7 @@ import os
 from kombu.utils.url import maybe_sanitize_url
 
 from .celery_app import QUEUE, make_celery
+from .logs import configure_logging
 from .settings import Settings
 
 __all__ = ["DEFAULT_CONCURRENCY", "run_worker", "worker_argv"]
@@ -62,8 +63,7 @@ def run_worker(
     finish and record their results, then exits (a second SIGINT, or SIGQUIT, exits at once;
     deliveries held then come back when their leases expire).
     """
-    if not logging.getLogger().handlers:
-        logging.basicConfig(level=loglevel, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_logging(settings, level=loglevel)  # the lines before Celery's (make_celery hooks those)
     logger.info(
         "worker starting: queue %s, %s pool, concurrency %d, broker %s, database %s",
         QUEUE,

@@ -48,7 +48,7 @@ class Answer:
 
 def perform(
     session: Session,
-    run: Callable[[], Result],
+    run: Callable[[], Result | dict[str, Any]],
     *,
     operation: str,
     arguments: Mapping[str, Any],
@@ -57,6 +57,9 @@ def perform(
     created_status: int = 200,
 ) -> Answer:
     """Run ``run`` (one service function call on ``session``) and commit, or replay.
+
+    ``run`` returns a domain :data:`Result`, or the answer's structured body itself for a change
+    outside the scheduling domain (a feed subscription).
 
     ``operation`` and ``arguments`` (JSON-able: the call's inputs, ids included) identify the
     request for the conflict check. ``created_status`` is the status of a successful answer.
@@ -108,8 +111,10 @@ def forget_idempotency_keys(session: Session, *, before: datetime) -> int:
     return session.exec(statement).rowcount
 
 
-def _run(run: Callable[[], Result], created_status: int) -> Answer:
+def _run(run: Callable[[], Result | dict[str, Any]], created_status: int) -> Answer:
     result = run()
+    if isinstance(result, dict):
+        return Answer(created_status, result)
     return Answer(200 if isinstance(result, Outcome) else created_status, structured(result))
 
 

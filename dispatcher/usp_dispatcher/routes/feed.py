@@ -12,8 +12,9 @@ from fastapi import APIRouter, Query, Response
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
+from sqlmodel import Session
 
-from usp_workers.models import SubscriptionState, Transport
+from usp_workers.models import Subscription, SubscriptionState, Transport
 
 from .. import feed
 from ..auth import AdminDep
@@ -54,7 +55,8 @@ async def create_subscription(
 ) -> JSONResponse:
     """Subscribe a URL to event types (422 when the URL or a pattern is refused)."""
     spec = feed.SubscriptionSpec(body.url, body.transport, body.event_types, body.platform_profile)
-    subscription = await feed.subscribe(session, settings, spec, resolver=resolver)
+    checked = await feed.check_subscription(spec, settings, resolver=resolver)
+    subscription = await run_in_threadpool(_add_and_commit, session, checked)
     return JSONResponse(feed.subscription_view(subscription), status_code=201)
 
 
@@ -92,3 +94,9 @@ async def register_platform_profile(
     """Fetch a platform profile and subscribe its ``webhook_url``: 201 created, 200 updated."""
     subscription, created = await register_profile(session, settings, body.profile, resolver=resolver)
     return JSONResponse(feed.subscription_view(subscription), status_code=201 if created else 200)
+
+
+def _add_and_commit(session: Session, checked: feed.CheckedSubscription) -> Subscription:
+    subscription = feed.add_subscription(session, checked)
+    session.commit()
+    return subscription

@@ -1,0 +1,272 @@
+"""The MCP layer's cost: ``usp_bookings_create`` over Streamable HTTP with the official SDK client,
+against the same operation through the REST route, in the same run on the same server.
+
+Run: ``uv run python bench/mcp.py [--calls 500] [--concurrency 1,4] [--database sqlite|postgresql]``
+
+The API (``usp-webhooks api``: REST and ``/mcp`` in one uvicorn process) runs in a subprocess on
+127.0.0.1, on a fresh database (a SQLite file, or a PostgreSQL schema of its own dropped at the
+end). A bench service gets one slot with a seat per call, so every call books (``pending``
+booking, ``booking.created`` and ``catalog.availability.changed`` in the outbox) and none is
+refused. Both bindings end in the same service function and the same ``perform`` transaction;
+what differs is the front end:
+
+* **REST**: ``POST /services/bookings`` (admin bearer token) with ``httpx.AsyncClient``;
+* **MCP**: ``tools/call usp_bookings_create`` on a stateful Streamable HTTP session (handshake
+  protocol, ``mcp.Client(..., mode="legacy")``), an API key in the ``Authorization`` header and
+  ``_meta.usp.profile`` in the arguments: JSON-RPC framing, the SDK's session manager and SSE
+  response, ``authorize`` (key lookup, profile binding), the booking-scoped credential it issues.
+
+Per concurrency level (callers each with their own connection or session, calls split evenly) it
+prints calls/s for both and the ratio MCP/REST; ``--warmup`` calls per caller are not counted.
+"""
+
+# ruff: noqa: E402 (the path fix below must run before the SDK is imported)
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+# This file is named mcp.py: run as a script, its folder is first on sys.path and it would be
+# imported in place of the MCP SDK.
+sys.path[:] = [entry for entry in sys.path if Path(entry or ".").resolve() != Path(__file__).resolve().parent]
+
+import argparse
+import asyncio
+import os
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import httpx
+import httpx2
+import sqlalchemy as sa
+from mcp.client.client import Client
+from mcp.client.streamable_http import streamable_http_client
+from rich.console import Console
+from rich.table import Table
+
+from usp_dispatcher import access, domain
+from usp_workers import db
+
+DEFAULT_POSTGRES = os.environ.get(
+    "USP_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test"
+)
+ADMIN_TOKEN = "bench-admin-" + uuid.uuid4().hex
+PROFILE = "https://bench.example/profiles/agent.json"
+SERVICE = "svc_bench_001"
+SLOT = "slot_bench_001"
+BUYER = {"first_name": "Bench", "email": "bench@example.com"}
+Call = Callable[[], Awaitable[None]]
+
+
+@dataclass(frozen=True)
+class Row:
+    concurrency: int
+    rest: float
+    mcp: float
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--calls", type=int, default=500, help="counted calls per binding and level")
+    parser.add_argument("--concurrency", default="1,4", help="comma-separated numbers of callers")
+    parser.add_argument("--warmup", type=int, default=10, help="uncounted calls per caller first")
+    parser.add_argument("--database", choices=("sqlite", "postgresql"), default="sqlite")
+    parser.add_argument("--postgres-url", default=DEFAULT_POSTGRES)
+    args = parser.parse_args()
+    levels = [int(level) for level in args.concurrency.split(",") if level.strip()]
+    console = Console()
+    with tempfile.TemporaryDirectory(prefix="usp-bench-mcp-") as folder, database(args, Path(folder)) as url:
+        seats = (args.calls + args.warmup * max(levels)) * len(levels) * 2 + 10
+        with api_server(url, Path(folder)) as base:
+            key = prepare(url, seats)
+            console.print(
+                f"API at {base} ({args.database}); {args.calls} counted calls per binding and level"
+            )
+            rows = [asyncio.run(measure(base, key, level, args.calls, args.warmup)) for level in levels]
+    table = Table(
+        title=f"usp_bookings_create: MCP (Streamable HTTP, SDK client) vs REST, {os.cpu_count()} cores"
+    )
+    for column in ("callers", "REST calls/s", "MCP calls/s", "MCP / REST"):
+        table.add_column(column, justify="right")
+    for row in rows:
+        table.add_row(
+            str(row.concurrency), f"{row.rest:,.0f}", f"{row.mcp:,.0f}", f"{row.mcp / row.rest:.2f}"
+        )
+    console.print(table)
+
+
+# ------------------------------------------------------------------------------------ measuring
+
+
+async def measure(base: str, key: str, callers: int, calls: int, warmup: int) -> Row:
+    per_caller = max(1, calls // callers)
+    rest = await _rate([_rest_caller(base) for _ in range(callers)], per_caller, warmup)
+    mcp = await _rate([_mcp_caller(base, key) for _ in range(callers)], per_caller, warmup)
+    return Row(callers, rest, mcp)
+
+
+async def _rate(callers: list[Any], per_caller: int, warmup: int) -> float:
+    """Calls/s of ``callers`` (async context managers yielding a :data:`Call`) running together."""
+    async with _all(callers) as calls:
+        await asyncio.gather(*(_repeat(call, warmup) for call in calls))
+        started = time.perf_counter()
+        await asyncio.gather(*(_repeat(call, per_caller) for call in calls))
+        elapsed = time.perf_counter() - started
+    return per_caller * len(callers) / elapsed
+
+
+async def _repeat(call: Call, times: int) -> None:
+    for _ in range(times):
+        await call()
+
+
+@asynccontextmanager
+async def _all(callers: list[Any]) -> AsyncIterator[list[Call]]:
+    entered: list[Call] = []
+    exits = []
+    try:
+        for caller in callers:
+            entered.append(await caller.__aenter__())
+            exits.append(caller)
+        yield entered
+    finally:
+        for caller in reversed(exits):
+            await caller.__aexit__(None, None, None)
+
+
+@asynccontextmanager
+async def _rest_caller(base: str) -> AsyncIterator[Call]:
+    headers = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+    async with httpx.AsyncClient(base_url=base, headers=headers, timeout=60) as http:
+
+        async def call() -> None:
+            response = await http.post(
+                "/services/bookings", json={"service_id": SERVICE, "slot_id": SLOT, "buyer": BUYER}
+            )
+            if response.status_code != 201:
+                raise RuntimeError(f"REST booking failed: {response.status_code} {response.text[:200]}")
+
+        yield call
+
+
+@asynccontextmanager
+async def _mcp_caller(base: str, key: str) -> AsyncIterator[Call]:
+    headers = {"Authorization": f"Bearer {key}"}
+    async with httpx2.AsyncClient(headers=headers, timeout=httpx2.Timeout(60, read=300)) as http:
+        transport = streamable_http_client(f"{base}/mcp", http_client=http)
+        async with Client(transport, mode="legacy") as client:
+            arguments = {
+                "service_id": SERVICE,
+                "slot_id": SLOT,
+                "buyer": BUYER,
+                "_meta": {"usp": {"profile": PROFILE}},
+            }
+
+            async def call() -> None:
+                result = await client.call_tool("usp_bookings_create", arguments)
+                body = result.structured_content or {}
+                if "booking" not in body:
+                    raise RuntimeError(f"MCP booking failed: {body.get('messages')}")
+
+            yield call
+
+
+# ------------------------------------------------------------------------------------ set-up
+
+
+def prepare(url: str, seats: int) -> str:
+    """The bench service with one slot of ``seats`` seats, and an API key for the platform."""
+    engine = db.make_engine(url)
+    try:
+        with db.session(engine) as session:
+            domain.create_service(
+                session,
+                domain.ServiceSpec(name="Bench", duration_minutes=30, capacity=seats, id=SERVICE),
+                announce=False,
+            )
+            session.commit()
+            start = datetime.now(UTC).replace(microsecond=0) + timedelta(days=2)
+            domain.add_slot(session, SERVICE, start, capacity=seats, slot_id=SLOT, announce=False)
+            session.commit()
+            return access.issue_api_key(session, "bench")
+    finally:
+        engine.dispose()
+
+
+@contextmanager
+def database(args: argparse.Namespace, folder: Path) -> Iterator[str]:
+    if args.database == "sqlite":
+        yield f"sqlite:///{folder / 'bench.sqlite3'}"
+        return
+    schema = f"usp_bench_{uuid.uuid4().hex[:10]}"
+    admin = sa.create_engine(args.postgres_url)
+    try:
+        with admin.begin() as conn:
+            conn.execute(sa.text(f'CREATE SCHEMA "{schema}"'))
+        yield (
+            sa.make_url(args.postgres_url)
+            .update_query_dict({"options": f"-csearch_path={schema}"})
+            .render_as_string(hide_password=False)
+        )
+    finally:
+        with admin.begin() as conn:
+            conn.execute(sa.text(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE'))
+        admin.dispose()
+
+
+@contextmanager
+def api_server(url: str, folder: Path) -> Iterator[str]:
+    """``usp-webhooks api`` in a subprocess (its own process group), until it answers."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    env = {
+        **os.environ,
+        "USP_DATABASE_URL": url,
+        "USP_ADMIN_TOKEN": ADMIN_TOKEN,
+        "USP_BROKER_URL": f"sqla+sqlite:///{folder / 'broker.sqlite3'}",
+        "USP_SEED_DEMO_CATALOG": "false",
+    }
+    log = (folder / "api.log").open("wb")
+    process = subprocess.Popen(
+        [sys.executable, "-m", "usp_dispatcher.cli", "api", "--port", str(port)],
+        env=env,
+        cwd=folder,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            if process.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"the API did not start; see {folder / 'api.log'}")
+            try:
+                if httpx.get(f"{base}/.well-known/usp", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.1)
+        yield base
+    finally:
+        os.killpg(process.pid, signal.SIGTERM)
+        try:
+            process.wait(10)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+        log.close()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,68 @@
+"""Who may call which USP MCP tool: authentication (API keys, the admin token, agents' RFC 9421
+signatures, booking-scoped credentials) and authorization (access classes, profile binding,
+booking ownership).
+
+The MCP server uses :func:`authenticate_http` (HTTP transport), :func:`authorize` (every
+``tools/call``), :func:`may_touch_booking` / :func:`may_touch_waitlist_entry` (before touching a
+row) and :func:`issue_booking_credential`; ``/.well-known/usp`` publishes :func:`policy_document`;
+``usp-webhooks api-keys`` manages keys with :func:`issue_api_key` / :func:`revoke_api_key`.
+"""
+
+from .apikeys import (
+    KEY_PREFIX,
+    authenticate_bearer,
+    create_api_key,
+    issue_api_key,
+    list_api_keys,
+    revoke_api_key,
+)
+from .authorize import authenticate_http, authorize, may_touch_booking, may_touch_waitlist_entry
+from .bindings import bind_profile, bound_profile
+from .credentials import (
+    SCOPED_TOOLS,
+    BookingCredential,
+    issue_booking_credential,
+    make_pop_proof,
+    proof_digest,
+    verify_booking_credential,
+)
+from .errors import FORBIDDEN, INVALID_PARAMS, UNAUTHENTICATED, Access, AccessError
+from .identity import BUSINESS, Caller, Identity
+from .policy import MECHANISMS, AuthorizationPolicy, policy_document
+from .signatures import DirectoryCache, agent_signature_headers, default_directories, verify_agent_signature
+
+__all__ = [
+    "BUSINESS",
+    "FORBIDDEN",
+    "INVALID_PARAMS",
+    "KEY_PREFIX",
+    "MECHANISMS",
+    "SCOPED_TOOLS",
+    "UNAUTHENTICATED",
+    "Access",
+    "AccessError",
+    "AuthorizationPolicy",
+    "BookingCredential",
+    "Caller",
+    "DirectoryCache",
+    "Identity",
+    "agent_signature_headers",
+    "authenticate_bearer",
+    "authenticate_http",
+    "authorize",
+    "bind_profile",
+    "bound_profile",
+    "create_api_key",
+    "default_directories",
+    "issue_api_key",
+    "issue_booking_credential",
+    "list_api_keys",
+    "make_pop_proof",
+    "may_touch_booking",
+    "may_touch_waitlist_entry",
+    "policy_document",
+    "proof_digest",
+    "revoke_api_key",
+    "verify_agent_signature",
+    "verify_booking_credential",
+]

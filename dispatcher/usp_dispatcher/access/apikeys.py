@@ -1,0 +1,125 @@
+"""Bearer credentials: platforms' API keys, and the business's admin token.
+
+An API key is ``uspk_`` + 32 random bytes (base64url), shown once when it is made. Only its
+SHA-256 is stored (``sched_api_keys``), so a leaked database leaks no usable key, and looking a
+presented key up is one indexed equality on the hash: no loop over keys, nothing timing can
+reveal. A key authenticates as ``key:<principal name>``; revoking it takes effect at once.
+
+The admin token (``USP_ADMIN_TOKEN``) authenticates as the business (``"business"``), compared in
+constant time. Neither credential is ever logged or echoed back.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import re
+import secrets
+from typing import Final
+
+from sqlalchemy.exc import IntegrityError
+from sqlmodel import Session, col, select
+
+from usp_workers.models import utcnow
+from usp_workers.settings import Settings
+
+from ..domain.tables import ApiKeyRow
+from .errors import unauthenticated
+from .identity import BUSINESS, Identity
+
+__all__ = [
+    "KEY_PREFIX",
+    "authenticate_bearer",
+    "create_api_key",
+    "hash_api_key",
+    "issue_api_key",
+    "list_api_keys",
+    "lookup_api_key",
+    "revoke_api_key",
+]
+
+KEY_PREFIX: Final = "uspk_"
+_KEY_BYTES: Final = 32
+#: A principal name: what ``key:<name>`` says in logs and bindings. No spaces or controls, and
+#: short enough that ``key:`` + name fits the 256-character principal columns.
+_PRINCIPAL_NAME: Final = re.compile(r"[A-Za-z0-9._~@:/+-]{1,200}")
+_MAX_TOKEN: Final = 512
+
+
+def issue_api_key(session: Session, principal: str, *, label: str | None = None) -> str:
+    """Make a key for ``principal`` (a name such as ``acme``) and commit it; returns the
+    plaintext key, which exists nowhere else afterwards.
+
+    ``ValueError`` for a principal name with spaces or odd characters (or over 200 long).
+    """
+    return create_api_key(session, principal, label=label)[1]
+
+
+def create_api_key(session: Session, principal: str, *, label: str | None = None) -> tuple[ApiKeyRow, str]:
+    """:func:`issue_api_key` that also returns the stored row (its ``id`` is what revokes it)."""
+    if not _PRINCIPAL_NAME.fullmatch(principal):
+        raise ValueError("a principal name is 1-200 letters, digits or ._~@:/+- (no spaces)")
+    if label is not None and len(label) > 200:
+        raise ValueError("a label is at most 200 characters")
+    for _ in range(3):  # a hash collision among 256-bit keys does not happen; a retry costs nothing
+        plaintext = KEY_PREFIX + secrets.token_urlsafe(_KEY_BYTES)
+        row = ApiKeyRow(principal=principal, token_hash=hash_api_key(plaintext), label=label)
+        session.add(row)
+        try:
+            session.commit()
+        except IntegrityError:
+            session.rollback()
+            continue
+        return row, plaintext
+    raise RuntimeError("could not store a new API key")  # pragma: no cover
+
+
+def revoke_api_key(session: Session, key_id: str) -> bool:
+    """Revoke a key by id and commit; ``False`` when there is no such key or it was revoked."""
+    row = session.get(ApiKeyRow, key_id)
+    if row is None or row.revoked_at is not None:
+        return False
+    row.revoked_at = utcnow()
+    session.add(row)
+    session.commit()
+    return True
+
+
+def list_api_keys(session: Session) -> list[ApiKeyRow]:
+    """Every key, oldest first (only hashes: nothing here is a usable key)."""
+    return list(session.exec(select(ApiKeyRow).order_by(col(ApiKeyRow.created_at), col(ApiKeyRow.id))).all())
+
+
+def lookup_api_key(session: Session, token: str) -> ApiKeyRow | None:
+    """The live (unrevoked) key whose plaintext is ``token``, or ``None``."""
+    if not token.startswith(KEY_PREFIX) or len(token) > _MAX_TOKEN:
+        return None
+    row = session.exec(select(ApiKeyRow).where(ApiKeyRow.token_hash == hash_api_key(token))).first()
+    return row if row is not None and row.revoked_at is None else None
+
+
+def hash_api_key(token: str) -> str:
+    """What ``sched_api_keys.token_hash`` holds: the hex SHA-256 of the key."""
+    return hashlib.sha256(token.encode("utf-8")).hexdigest()
+
+
+def authenticate_bearer(
+    session: Session, settings: Settings, token: str, *, keys_offered: bool = True
+) -> Identity:
+    """The identity a bearer token proves: the business (admin token) or ``key:<name>``.
+
+    ``keys_offered=False`` (the policy does not offer ``bearer``) refuses API keys; the admin
+    token still works, being the business's own credential, not a platform mechanism.
+    Raises ``AccessError`` (-32001) for anything else.
+    """
+    configured = settings.admin_token.get_secret_value() if settings.admin_token is not None else ""
+    if configured and hmac.compare_digest(token.encode("utf-8"), configured.encode("utf-8")):
+        return Identity(BUSINESS, "bearer")
+    row = lookup_api_key(session, token) if keys_offered else None
+    if row is None:
+        raise unauthenticated(
+            "the bearer credential is not a valid API key"
+            if keys_offered
+            else "bearer API keys are not accepted here"
+        )
+    return Identity(f"key:{row.principal}", "bearer")

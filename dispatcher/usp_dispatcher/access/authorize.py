@@ -1,0 +1,286 @@
+"""Authentication and authorization of one USP MCP tool call.
+
+Two steps, as the transports differ. Over HTTP, :func:`authenticate_http` reads the request's
+credential (``Authorization: Bearer`` or an RFC 9421 signature) once, before MCP sees the
+message; over stdio there is no such layer. Then, for every ``tools/call``, :func:`authorize`
+combines that :class:`Identity` (or the in-band bearer of ``_meta.usp.authorization``, stdio's
+only way), a booking-scoped credential if one is presented, ``_meta.usp.profile`` and the tool's
+access class into a :class:`Caller`, or refuses with an :class:`AccessError`:
+
+============================ =====================================================================
+``public``                   anyone; nothing is required or bound
+``privileged_platform``      ``_meta.usp.profile`` (-32602 without); an authenticated principal,
+                             bound to that profile (-32003 on a different one), unless the policy
+                             lets anonymous platforms in (-32001 otherwise)
+``privileged_scoped``        the same, or a booking-scoped credential for this booking and tool
+``business_only``            the business (admin token) only; never a booking-scoped credential
+============================ =====================================================================
+
+The in-band bearer is used only when the transport presented no credential (SHOULD 3). A
+credential this business issued is recognised by its header whatever ``mechanism`` names it, so a
+bound one without a valid ``platform_key_pop`` proof is treated as absent, never as a bearer
+token (MUST 8).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Final
+
+import anyio.to_thread
+from sqlalchemy.engine import Engine
+from sqlmodel import Session
+
+from usp_workers import db
+from usp_workers.settings import Settings
+from usp_workers.ssrf import Resolver
+
+from ..domain import booking_platform, waitlist_entry_platform
+from .apikeys import authenticate_bearer
+from .bindings import MAX_PROFILE_LENGTH, bind_profile
+from .credentials import (
+    MECHANISM,
+    BookingCredential,
+    looks_like_booking_credential,
+    proof_holds,
+    verify_booking_credential,
+)
+from .errors import Access, forbidden, invalid_params, unauthenticated
+from .identity import Caller, Identity
+from .policy import AuthorizationPolicy
+from .signatures import DirectoryCache, verify_agent_signature
+
+__all__ = ["authenticate_http", "authorize", "may_touch_booking", "may_touch_waitlist_entry"]
+
+_IN_BAND_MECHANISMS: Final = ("bearer", MECHANISM)
+_PROFILE: Final = re.compile(r"[\x21-\x7e]+")
+
+
+async def authenticate_http(
+    method: str,
+    url: str,
+    headers: Mapping[str, str],
+    body: bytes,
+    *,
+    engine: Engine,
+    settings: Settings,
+    resolver: Resolver | None = None,
+    directories: DirectoryCache | None = None,
+) -> Identity | None:
+    """The identity an HTTP request's credential proves; ``None`` when it presents none.
+
+    ``Authorization: Bearer <API key | admin token>`` or an RFC 9421 signature with
+    ``Signature-Agent`` (see :mod:`.signatures`; ``url`` is the URL the client used). Every
+    credential presented must hold (``AccessError`` -32001 otherwise); with both, the bearer one
+    is the identity. A booking-scoped credential sent as a bearer token is ignored here: it
+    travels in ``_meta.usp.authorization`` and :func:`authorize` judges it. Mechanisms the policy
+    does not offer are ignored too (the admin token always counts).
+    """
+    policy = AuthorizationPolicy.from_settings(settings)
+    lowered = {name.lower(): value for name, value in headers.items()}
+    identity: Identity | None = None
+    authorization = lowered.get("authorization")
+    if authorization is not None:
+        scheme, _, token = authorization.strip().partition(" ")
+        token = token.strip()
+        if scheme.lower() != "bearer" or not token:
+            raise unauthenticated("Authorization must be 'Bearer <token>'")
+        if not looks_like_booking_credential(token):
+            identity = await anyio.to_thread.run_sync(
+                _bearer, engine, settings, token, policy.offers("bearer")
+            )
+    signed = "signature" in lowered or "signature-input" in lowered
+    if signed and policy.offers("http_message_signatures"):
+        agent = await verify_agent_signature(
+            method, url, headers, body, settings=settings, resolver=resolver, directories=directories
+        )
+        identity = identity or agent
+    return identity
+
+
+def authorize(
+    session: Session,
+    settings: Settings,
+    *,
+    tool: str,
+    access: Access,
+    arguments: Mapping[str, Any],
+    params: Mapping[str, Any],
+    identity: Identity | None,
+    now: datetime | None = None,
+) -> Caller:
+    """Decide whether this call may run, and as whom (see the module's table).
+
+    ``arguments`` are the ``tools/call`` arguments including ``_meta``; ``params`` the whole
+    JSON-RPC ``params`` exactly as received (a ``platform_key_pop`` proof signs their JCS form).
+    Records a principal's first profile (and commits it).
+    """
+    policy = AuthorizationPolicy.from_settings(settings)
+    usp = _usp_meta(arguments)
+    profile = _profile(usp)
+    presented = _presented(usp)
+    if access.privileged and profile is None:
+        raise invalid_params(f"{tool} is a privileged method: _meta.usp.profile is required")
+
+    scoped: _Scoped | None = None
+    if presented is not None:
+        if presented.mechanism == MECHANISM or looks_like_booking_credential(presented.credential):
+            scoped = _scoped_credential(session, settings, policy, presented, params, now)
+        elif identity is None:
+            identity = authenticate_bearer(
+                session, settings, presented.credential, keys_offered=policy.offers("bearer")
+            )
+
+    if identity is not None and identity.is_business:
+        return Caller(identity.principal, profile, identity.mechanism, True, None, identity.key_thumbprint)
+    credential = scoped.credential if scoped is not None else None
+
+    if access is Access.BUSINESS_ONLY:
+        if credential is not None:
+            raise forbidden(f"{tool} is business_only: a booking_scoped_credential never authorizes it")
+        if identity is None:
+            raise unauthenticated(f"{tool} is business_only: authenticate as the business")
+        raise forbidden(f"{tool} is business_only: platforms may not call it")
+
+    if access is Access.PUBLIC:
+        if identity is None:
+            return Caller(None, profile, None, False, None, None)
+        return Caller(identity.principal, profile, identity.mechanism, False, None, identity.key_thumbprint)
+
+    assert profile is not None  # privileged: checked above
+    if identity is not None:
+        bind_profile(session, identity.principal, profile)
+    if credential is not None:
+        if access is Access.PRIVILEGED_SCOPED:
+            _check_scope(credential, tool, arguments, profile)
+            thumbprint = credential.jkt or (identity.key_thumbprint if identity else None)
+            principal = identity.principal if identity is not None else None
+            return Caller(principal, profile, MECHANISM, False, credential.booking_id, thumbprint)
+        if identity is None:
+            raise forbidden(f"a booking_scoped_credential does not authorize {tool}")
+    if identity is not None:
+        return Caller(identity.principal, profile, identity.mechanism, False, None, identity.key_thumbprint)
+    if policy.require_authentication:
+        hint = f" ({scoped.ignored})" if scoped is not None and scoped.ignored else ""
+        offered = ", ".join(policy.mechanisms) or "none"
+        raise unauthenticated(f"{tool} requires authentication (offered: {offered}){hint}")
+    return Caller(None, profile, None, False, None, None)
+
+
+def may_touch_booking(session: Session, caller: Caller, booking_id: str) -> bool:
+    """Whether ``caller`` may read or change the booking (``False`` also when it does not exist,
+    so the tool answers ``booking_not_found`` alike): the business any; a scoped credential its
+    own booking only; a platform the bookings its profile owns."""
+    exists, owner = booking_platform(session, booking_id)
+    if not exists:
+        return False
+    if caller.scoped_booking_id is not None:
+        return booking_id == caller.scoped_booking_id
+    if caller.is_business:
+        return True
+    return caller.profile is not None and owner == caller.profile
+
+
+def may_touch_waitlist_entry(session: Session, caller: Caller, entry_id: str) -> bool:
+    """As :func:`may_touch_booking`, for waitlist entries; a booking-scoped credential opens none."""
+    exists, owner = waitlist_entry_platform(session, entry_id)
+    if not exists or caller.scoped_booking_id is not None:
+        return False
+    if caller.is_business:
+        return True
+    return caller.profile is not None and owner == caller.profile
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Presented:
+    """``_meta.usp.authorization`` as presented."""
+
+    mechanism: str
+    credential: str
+    proof: object
+
+
+@dataclass(frozen=True)
+class _Scoped:
+    """A booking credential that holds (``credential``), or why it counts as absent."""
+
+    credential: BookingCredential | None
+    ignored: str | None = None
+
+
+def _bearer(engine: Engine, settings: Settings, token: str, keys_offered: bool) -> Identity:
+    with db.session(engine) as session:
+        return authenticate_bearer(session, settings, token, keys_offered=keys_offered)
+
+
+def _scoped_credential(
+    session: Session,
+    settings: Settings,
+    policy: AuthorizationPolicy,
+    presented: _Presented,
+    params: Mapping[str, Any],
+    now: datetime | None,
+) -> _Scoped:
+    if not policy.offers(MECHANISM):
+        return _Scoped(None, "booking_scoped_credential is not offered")
+    credential = verify_booking_credential(session, settings, presented.credential, now=now)
+    if credential.jkt is not None and not proof_holds(presented.proof, params, jkt=credential.jkt, now=now):
+        # MUST 8: a bound credential without a valid proof is absent, not a bearer token.
+        return _Scoped(None, "the booking credential is key-bound and needs a valid platform_key_pop proof")
+    return _Scoped(credential)
+
+
+def _check_scope(
+    credential: BookingCredential, tool: str, arguments: Mapping[str, Any], profile: str
+) -> None:
+    if tool not in credential.scope:
+        raise forbidden(f"the booking credential does not authorize {tool}")
+    if arguments.get("booking_id") != credential.booking_id:
+        raise forbidden("the booking credential is for another booking")
+    if credential.profile is not None and credential.profile != profile:
+        raise forbidden("the booking credential was issued to another platform profile")
+
+
+def _usp_meta(arguments: Mapping[str, Any]) -> Mapping[str, Any]:
+    meta = arguments.get("_meta")
+    if meta is None:
+        return {}
+    if not isinstance(meta, Mapping):
+        raise invalid_params("_meta must be an object")
+    usp = meta.get("usp")
+    if usp is None:
+        return {}
+    if not isinstance(usp, Mapping):
+        raise invalid_params("_meta.usp must be an object")
+    return usp
+
+
+def _profile(usp: Mapping[str, Any]) -> str | None:
+    profile = usp.get("profile")
+    if profile is None:
+        return None
+    if not isinstance(profile, str) or len(profile) > MAX_PROFILE_LENGTH or not _PROFILE.fullmatch(profile):
+        raise invalid_params(f"_meta.usp.profile must be a URI (at most {MAX_PROFILE_LENGTH} characters)")
+    return profile
+
+
+def _presented(usp: Mapping[str, Any]) -> _Presented | None:
+    authorization = usp.get("authorization")
+    if authorization is None:
+        return None
+    if not isinstance(authorization, Mapping):
+        raise invalid_params("_meta.usp.authorization must be an object")
+    mechanism, credential = authorization.get("mechanism"), authorization.get("credential")
+    if mechanism not in _IN_BAND_MECHANISMS:
+        raise invalid_params(
+            f"_meta.usp.authorization.mechanism must be one of {', '.join(_IN_BAND_MECHANISMS)}"
+        )
+    if not isinstance(credential, str) or not credential:
+        raise invalid_params("_meta.usp.authorization.credential must be a non-empty string")
+    return _Presented(str(mechanism), credential, authorization.get("proof"))

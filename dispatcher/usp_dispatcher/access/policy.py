@@ -1,0 +1,83 @@
+"""The business's AuthorizationPolicy: which mechanisms it offers platforms, and whether
+privileged tools need authentication at all. Read from the settings; published in
+``/.well-known/usp`` (:func:`policy_document`) so platforms know what to present.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Final, Literal
+
+from usp_receiver import DEFAULT_ALGORITHMS
+from usp_workers.settings import Settings
+
+from .credentials import CREDENTIAL_TYP, POP_TYP, PROOF_WINDOW_SECONDS, SCOPED_TOOLS
+from .signatures import BASE_COMPONENTS, DIRECTORY_PATH, WEB_BOT_AUTH_TAG
+
+__all__ = ["MECHANISMS", "AuthorizationPolicy", "Mechanism", "policy_document"]
+
+Mechanism = Literal["bearer", "http_message_signatures", "booking_scoped_credential"]
+#: Every mechanism this service implements, in the order it prefers them.
+MECHANISMS: Final[tuple[Mechanism, ...]] = ("bearer", "http_message_signatures", "booking_scoped_credential")
+_JWKS_PATH: Final = "/.well-known/usp/jwks.json"
+
+
+@dataclass(frozen=True)
+class AuthorizationPolicy:
+    """What :func:`~.authorize.authorize` enforces.
+
+    >>> policy = AuthorizationPolicy(mechanisms=("bearer",), require_authentication=True)
+    >>> policy.offers("bearer"), policy.offers("booking_scoped_credential")
+    (True, False)
+    """
+
+    mechanisms: tuple[str, ...]
+    require_authentication: bool = True
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> AuthorizationPolicy:
+        offered = tuple(m for m in MECHANISMS if m in settings.auth_mechanisms)
+        return cls(mechanisms=offered, require_authentication=settings.require_authentication)
+
+    def offers(self, mechanism: str) -> bool:
+        return mechanism in self.mechanisms
+
+
+def policy_document(settings: Settings) -> dict[str, Any]:
+    """The ``authorization`` object of ``/.well-known/usp``: offered mechanisms and, for each,
+    what a platform needs to use it."""
+    policy = AuthorizationPolicy.from_settings(settings)
+    base = settings.public_base_url.rstrip("/")
+    document: dict[str, Any] = {
+        "mechanisms": list(policy.mechanisms),
+        "require_authentication": policy.require_authentication,
+        "identity_binding": "first_contact",  # §10.1.6: the first _meta.usp.profile a principal presents
+    }
+    if policy.offers("bearer"):
+        document["bearer"] = {
+            "http": "Authorization: Bearer <API key>",
+            "stdio": "_meta.usp.authorization {mechanism: bearer, credential}",
+        }
+    if policy.offers("http_message_signatures"):
+        document["http_message_signatures"] = {
+            "profile": "web-bot-auth",
+            "key_directory": f"<Signature-Agent origin>{DIRECTORY_PATH}",
+            "covered_components": [*BASE_COMPONENTS, "signature-agent", "content-digest"],
+            "tag": WEB_BOT_AUTH_TAG,
+            "algorithms": sorted(DEFAULT_ALGORITHMS),
+            "max_age_seconds": 300,
+        }
+    if policy.offers("booking_scoped_credential"):
+        document["booking_scoped_credential"] = {
+            "format": "jws",
+            "typ": CREDENTIAL_TYP,
+            "jwks_uri": base + _JWKS_PATH,
+            "scope": list(SCOPED_TOOLS),
+            "ttl_seconds": settings.booking_credential_ttl_seconds,
+            "proof": {
+                "mechanism": "platform_key_pop",
+                "typ": POP_TYP,
+                "iat_window_seconds": PROOF_WINDOW_SECONDS,
+            },
+        }
+    return document

@@ -1,0 +1,331 @@
+"""Agents authenticated by their HTTP message signature (RFC 9421, Web Bot Auth style).
+
+The agent signs each request with a key published in its *key directory*: the JWKS at
+``<origin>/.well-known/http-message-signatures-directory`` of the origin its ``Signature-Agent``
+field names (``"https://agent.example"``, or the dictionary form ``agent1="https://..."``). The
+identity is that origin (``agent:https://agent.example``) and the thumbprint of the key.
+
+What a signature must satisfy here (the receiver's verifier, with this policy):
+
+* it covers ``@method``, ``@authority``, ``@path``, ``Signature-Agent`` (as Web Bot Auth asks:
+  otherwise a captured request could be replayed under another agent's name, the directory
+  being public) and, when there is a body, ``Content-Digest``, which must match the body;
+* ``created`` no older than 300 s and no more than 60 s ahead, ``expires`` honoured;
+* ``tag`` absent or ``web-bot-auth``; algorithms ``ed25519`` or ``ecdsa-p256-sha256``;
+* ``keyid`` names a key of the directory (its RFC 7638 thumbprint, or its ``kid``).
+
+The directory is a URL a stranger chose, so it is fetched the way profiles are: the SSRF check,
+a connection pinned to the checked address, no redirects, 5 s, 64 KiB, ``https`` only (plain
+``http`` in development mode, ``USP_ALLOW_PRIVATE_TARGETS``). It is cached for a minute (and a
+failure for ten seconds, so one agent cannot make us fetch on every request); a ``keyid`` the
+cached copy lacks causes at most one refetch per ten seconds.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Final
+
+import anyio
+import httpx
+
+from usp_receiver import (
+    JWKS,
+    PublicKey,
+    SigningKey,
+    UnknownKey,
+    VerificationError,
+    VerificationPolicy,
+    Verifier,
+    jwk_thumbprint,
+    sign_request,
+)
+from usp_workers.settings import Settings
+from usp_workers.ssrf import Resolver, TargetRefused, check_target, new_client, send_pinned
+
+from .errors import unauthenticated
+from .identity import Identity
+
+__all__ = [
+    "BASE_COMPONENTS",
+    "DIRECTORY_PATH",
+    "WEB_BOT_AUTH_TAG",
+    "DirectoryCache",
+    "SignatureAgent",
+    "agent_signature_headers",
+    "default_directories",
+    "parse_signature_agent",
+    "verify_agent_signature",
+]
+
+DIRECTORY_PATH: Final = "/.well-known/http-message-signatures-directory"
+WEB_BOT_AUTH_TAG: Final = "web-bot-auth"
+#: Covered by every agent signature (plus ``signature-agent``, and ``content-digest`` with a body).
+BASE_COMPONENTS: Final = ("@method", "@authority", "@path")
+FETCH_TIMEOUT_SECONDS: Final = 5.0
+MAX_DIRECTORY_BYTES: Final = 64 * 1024
+_ACCEPT: Final = (
+    "application/http-message-signatures-directory+json, application/jwk-set+json;q=0.9, "
+    "application/json;q=0.8"
+)
+_MAX_ORIGIN: Final = 240  # "agent:" + origin must fit the 256-character principal columns
+_SF_STRING: Final = re.compile(r'"([\x20\x21\x23-\x5b\x5d-\x7e]*)"')
+_SF_MEMBER: Final = re.compile(r'([a-z*][a-z0-9_\-.*]{0,63})="([\x20\x21\x23-\x5b\x5d-\x7e]*)"')
+
+
+@dataclass(frozen=True, slots=True)
+class SignatureAgent:
+    """The agent a ``Signature-Agent`` field names.
+
+    ``component`` is the serialized component id a signature must cover for it:
+    ``"signature-agent"``, or ``"signature-agent";key="<member>"`` for the dictionary form.
+    """
+
+    origin: str
+    directory_url: str
+    component: str
+
+
+def parse_signature_agent(value: str, *, allow_http: bool = False) -> SignatureAgent:
+    """Read a ``Signature-Agent`` field: an sf-string, a one-member dictionary, or a bare URL.
+
+    >>> parse_signature_agent('"https://Agent.example/bot"').origin
+    'https://agent.example'
+    >>> parse_signature_agent('a1="https://agent.example:8443"').component
+    '"signature-agent";key="a1"'
+
+    ``AccessError`` (-32001) for anything else: several members, another scheme, credentials in
+    the URL...
+    """
+    text = value.strip()
+    member = _SF_MEMBER.fullmatch(text)
+    string = _SF_STRING.fullmatch(text)
+    if member is not None:
+        url, component = member.group(2), f'"signature-agent";key="{member.group(1)}"'
+    elif string is not None:
+        url, component = string.group(1), '"signature-agent"'
+    elif text.startswith(("https://", "http://")) and " " not in text and '"' not in text:
+        url, component = text, '"signature-agent"'
+    else:
+        raise unauthenticated("Signature-Agent must name one https URL (a string or a one-member dictionary)")
+    try:
+        parsed = httpx.URL(url)
+        host = parsed.raw_host.decode("ascii").lower()
+    except (httpx.InvalidURL, UnicodeError):
+        raise unauthenticated("Signature-Agent is not a valid URL") from None
+    if parsed.scheme != "https" and not (parsed.scheme == "http" and allow_http):
+        raise unauthenticated("Signature-Agent must be an https URL")
+    if not host or parsed.userinfo:
+        raise unauthenticated("Signature-Agent must be an https URL with a host and no credentials")
+    bracketed = f"[{host}]" if ":" in host else host
+    default_port = {"https": 443, "http": 80}[parsed.scheme]
+    port = "" if parsed.port in (None, default_port) else f":{parsed.port}"
+    origin = f"{parsed.scheme}://{bracketed}{port}"
+    if len(origin) > _MAX_ORIGIN:
+        raise unauthenticated("Signature-Agent names an origin that is too long")
+    return SignatureAgent(origin=origin, directory_url=origin + DIRECTORY_PATH, component=component)
+
+
+async def verify_agent_signature(
+    method: str,
+    url: str,
+    headers: Mapping[str, str],
+    body: bytes,
+    *,
+    settings: Settings,
+    resolver: Resolver | None = None,
+    directories: DirectoryCache | None = None,
+    now: float | None = None,
+) -> Identity:
+    """The agent identity a signed request proves; ``AccessError`` (-32001) when it proves none.
+
+    ``url`` is the URL the agent sent the request to (what ``@authority``/``@path`` cover: behind
+    a proxy, the public one).
+    """
+    cache = directories if directories is not None else default_directories
+    lowered = {name.lower(): value for name, value in headers.items()}
+    field = lowered.get("signature-agent")
+    if field is None:
+        raise unauthenticated("a signed request needs Signature-Agent, naming the agent's key directory")
+    agent = parse_signature_agent(field, allow_http=settings.allow_private_targets)
+    components = BASE_COMPONENTS + (("content-digest",) if body else ())
+    policy = VerificationPolicy(required_components=components, tag=WEB_BOT_AUTH_TAG)
+    keys = await cache.keys(agent, settings, resolver=resolver)
+    try:
+        try:
+            verified = Verifier(keys, policy).verify(method, url, headers, body, now=now)
+        except UnknownKey:
+            refreshed = await cache.keys(agent, settings, resolver=resolver, refresh=True)
+            if refreshed is keys:
+                raise
+            verified = Verifier(refreshed, policy).verify(method, url, headers, body, now=now)
+    except VerificationError as exc:
+        raise unauthenticated(f"the request signature does not hold ({exc.reason})") from None
+    if agent.component not in verified.components:
+        raise unauthenticated("the request signature does not cover Signature-Agent")
+    return Identity(
+        principal=f"agent:{agent.origin}",
+        mechanism="http_message_signatures",
+        key_thumbprint=jwk_thumbprint(verified.key.jwk),
+    )
+
+
+def agent_signature_headers(
+    method: str,
+    url: str,
+    headers: Mapping[str, str],
+    body: bytes,
+    key: SigningKey,
+    *,
+    signature_agent: str,
+    created: int | None = None,
+    tag: str | None = WEB_BOT_AUTH_TAG,
+) -> dict[str, str]:
+    """The fields an agent adds to sign a request the way :func:`verify_agent_signature` wants
+    (for platforms' clients and tests): ``Signature-Agent``, ``Content-Digest``,
+    ``Signature-Input``, ``Signature``.
+
+    >>> key = SigningKey.generate()
+    >>> fields = agent_signature_headers("POST", "https://shop.example/mcp", {}, b"{}", key,
+    ...                                  signature_agent="https://agent.example")
+    >>> fields["Signature-Agent"]
+    '"https://agent.example"'
+    """
+    agent_field = f'"{signature_agent}"'
+    components: Sequence[str] = (*BASE_COMPONENTS, "signature-agent", *(("content-digest",) if body else ()))
+    signed = sign_request(
+        method,
+        url,
+        {**headers, "Signature-Agent": agent_field},
+        body,
+        [key],
+        created=created,
+        tag=tag,
+        components=components,
+    )
+    if not body:
+        signed.pop("Content-Digest")
+    return {"Signature-Agent": agent_field, **signed}
+
+
+class _DirectoryKeys:
+    """A directory's keys, found by ``kid`` or by RFC 7638 thumbprint (Web Bot Auth's keyid)."""
+
+    def __init__(self, jwks: JWKS) -> None:
+        self._keys: dict[str, PublicKey] = {}
+        for key in jwks:
+            self._keys.setdefault(jwk_thumbprint(key.jwk), key)
+            self._keys.setdefault(key.kid, key)
+
+    def resolve(self, kid: str) -> PublicKey | None:
+        return self._keys.get(kid)
+
+    async def aresolve(self, kid: str) -> PublicKey | None:
+        return self._keys.get(kid)
+
+
+@dataclass
+class _Entry:
+    fetched_at: float
+    keys: _DirectoryKeys | None
+    failure: str | None
+
+
+class DirectoryCache:
+    """Agents' key directories, fetched SSRF-safely and kept briefly (bounded, least recently used
+    out first).
+
+    ``ttl``: how long a directory is used without asking again; ``retry_after``: how soon a
+    failed fetch, or a refetch for an unknown ``keyid``, may be tried again.
+    """
+
+    def __init__(self, *, ttl: float = 60.0, retry_after: float = 10.0, max_entries: int = 1024) -> None:
+        self.ttl = ttl
+        self.retry_after = retry_after
+        self.max_entries = max_entries
+        self._entries: OrderedDict[str, _Entry] = OrderedDict()
+
+    def clear(self) -> None:
+        self._entries.clear()
+
+    async def keys(
+        self,
+        agent: SignatureAgent,
+        settings: Settings,
+        *,
+        resolver: Resolver | None = None,
+        refresh: bool = False,
+    ) -> _DirectoryKeys:
+        """The directory's keys. ``refresh``: a signature named a key the cached copy lacks,
+        so fetch again unless the copy is younger than ``retry_after`` (then the same object is
+        returned, which tells the caller nothing changed)."""
+        moment = time.monotonic()
+        entry = self._entries.get(agent.directory_url)
+        if entry is not None:
+            age = moment - entry.fetched_at
+            fresh = age < (self.retry_after if entry.failure is not None or refresh else self.ttl)
+            if fresh:
+                self._entries.move_to_end(agent.directory_url)
+                if entry.keys is None:
+                    raise unauthenticated(entry.failure or "the agent's key directory is unavailable")
+                return entry.keys
+        try:
+            keys = _DirectoryKeys(await _fetch_directory(agent.directory_url, settings, resolver))
+        except _DirectoryUnavailable as exc:
+            self._store(agent.directory_url, _Entry(moment, None, str(exc)))
+            raise unauthenticated(str(exc)) from None
+        self._store(agent.directory_url, _Entry(moment, keys, None))
+        return keys
+
+    def _store(self, url: str, entry: _Entry) -> None:
+        self._entries[url] = entry
+        self._entries.move_to_end(url)
+        while len(self._entries) > self.max_entries:
+            self._entries.popitem(last=False)
+
+
+#: The process-wide cache :func:`verify_agent_signature` uses unless given another.
+default_directories = DirectoryCache()
+
+
+class _DirectoryUnavailable(Exception):
+    """The directory could not be fetched or read; the message is safe to show."""
+
+
+async def _fetch_directory(url: str, settings: Settings, resolver: Resolver | None) -> JWKS:
+    try:
+        target = await check_target(url, settings, resolver=resolver)
+    except TargetRefused as exc:
+        raise _DirectoryUnavailable(
+            f"the agent's key directory is not a permitted address ({exc.reason})"
+        ) from None
+    try:
+        async with new_client(settings) as client:
+            response = await send_pinned(
+                client,
+                target,
+                method="GET",
+                headers={"Accept": _ACCEPT, "Accept-Encoding": "identity"},
+                timeout=httpx.Timeout(FETCH_TIMEOUT_SECONDS),
+                keep_alive=False,
+                max_response_bytes=MAX_DIRECTORY_BYTES,
+                total_timeout=FETCH_TIMEOUT_SECONDS,
+            )
+    except (TimeoutError, httpx.HTTPError, anyio.BrokenResourceError, OSError):
+        raise _DirectoryUnavailable("the agent's key directory could not be fetched") from None
+    if response.status_code != 200:
+        raise _DirectoryUnavailable(f"the agent's key directory answered {response.status_code}")
+    if response.truncated:
+        raise _DirectoryUnavailable(f"the agent's key directory is larger than {MAX_DIRECTORY_BYTES} bytes")
+    if response.headers.get("content-encoding", "identity").lower() != "identity":
+        raise _DirectoryUnavailable(
+            "the agent's key directory was sent compressed although identity was asked"
+        )
+    try:
+        return JWKS.from_json(response.content)
+    except ValueError:
+        raise _DirectoryUnavailable("the agent's key directory is not a JWKS document") from None

@@ -1,0 +1,675 @@
+"""The operator's commands of ``usp-webhooks``: they talk to a running service's admin API.
+
+``events list|show``, ``replay``, ``recover``, ``dead-letter list|redrive``, ``subscriptions
+list|disable|enable|rate-limit``, and the Stripe-CLI-like pair ``trigger`` (post a sample event) and
+``listen`` (a temporary subscription to a receiver on this machine that prints every event it
+gets, verified, and forwards it). Every command reads the API's address and the admin token from
+``--url``/``--token`` or ``USP_ADMIN_URL``/``USP_ADMIN_TOKEN``; nothing here opens the database,
+so they work from any machine that can reach the API. The token is sent, never printed.
+
+:func:`register` adds them to the ``usp-webhooks`` app (``usp_dispatcher.cli``).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import socket
+import threading
+import time
+from collections.abc import Awaitable, Callable, Iterator, Mapping
+from contextlib import contextmanager
+from datetime import UTC, datetime, timedelta
+from typing import Annotated, Any, NoReturn
+
+import httpx
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+from rich.text import Text
+
+from usp_receiver import ReceivedWebhook, RemoteJWKS, Verifier, WebhookReceiver
+from usp_receiver.asgi import WebhookApp
+from usp_receiver.dedupe import MemoryDedupe
+from usp_schemas import BOOKING_CONFIRMED_EXAMPLE, EVENT_TYPES, new_event_id, parse_event
+
+__all__ = ["AdminClient", "register", "sample_event"]
+
+#: Everything printed comes from the API or an endpoint: plain text, never Rich markup (a
+#: response excerpt holding "[/]" must neither restyle the terminal nor crash the command).
+console = Console(highlight=False)
+
+events_app = typer.Typer(help="Events the service accepted, and what became of them.", no_args_is_help=True)
+dead_letter_app = typer.Typer(help="Deliveries that exhausted their schedule.", no_args_is_help=True)
+subscriptions_app = typer.Typer(help="Where events go, and how each endpoint is doing.", no_args_is_help=True)
+jobs_app = typer.Typer(help="Recover and redrive jobs.", no_args_is_help=True)
+
+Url = Annotated[
+    str,
+    typer.Option("--url", envvar="USP_ADMIN_URL", show_envvar=True, help="Base URL of the service's API."),
+]
+Token = Annotated[
+    str | None,
+    typer.Option(
+        "--token",
+        envvar="USP_ADMIN_TOKEN",
+        show_envvar=True,
+        show_default=False,
+        help="The admin bearer token (never printed).",
+    ),
+]
+Since = Annotated[
+    str | None,
+    typer.Option(help="From: RFC 3339 with offset (2026-03-14T22:00:00Z) or an age (90m, 2h, 7d)."),
+]
+Until = Annotated[str | None, typer.Option(help="Until (exclusive), as --since.")]
+Limit = Annotated[int, typer.Option(min=1, max=200, help="Rows per page.")]
+Cursor = Annotated[str | None, typer.Option(help="Continue after this page (printed under a table).")]
+Wait = Annotated[bool, typer.Option("--wait/--no-wait", help="Follow the job with a progress bar.")]
+
+DEFAULT_URL = "http://127.0.0.1:8000"
+_AGE = re.compile(r"^(\d+)([smhd])$")
+_UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days"}
+_BOOKING_STATES = {
+    "booking.created": "pending",
+    "booking.confirmed": "confirmed",
+    "booking.rescheduled": "confirmed",
+    "booking.cancelled": "cancelled",
+    "booking.completed": "completed",
+    "booking.no_show": "no_show",
+}
+_SAMPLE_DURATION = "PT60M"
+#: Characters of a response excerpt shown in ``events show`` (the API has the whole excerpt).
+_EXCERPT = 80
+#: How often a followed job is polled.
+POLL_SECONDS = 0.5
+
+
+def register(app: typer.Typer) -> None:
+    """Add the operator commands to ``app``."""
+    app.add_typer(events_app, name="events")
+    app.add_typer(dead_letter_app, name="dead-letter")
+    app.add_typer(subscriptions_app, name="subscriptions")
+    app.add_typer(jobs_app, name="jobs")
+    app.command()(replay)
+    app.command()(recover)
+    app.command()(trigger)
+    app.command()(listen)
+
+
+# ------------------------------------------------------------------------------- the API
+
+
+class AdminClient:
+    """The admin API over httpx: answers as JSON, refusals printed as the problem says and
+    turned into exit code 1 (2 when the API cannot be reached)."""
+
+    def __init__(self, url: str, token: str | None, *, timeout: float = 30.0) -> None:
+        if not token:
+            _fail("no admin token: pass --token or set USP_ADMIN_TOKEN", code=2)
+        self.base = url.rstrip("/")
+        self._http = httpx.Client(
+            base_url=self.base, headers={"Authorization": f"Bearer {token}"}, timeout=timeout
+        )
+
+    def __enter__(self) -> AdminClient:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._http.close()
+
+    def call(self, method: str, path: str, **kwargs: Any) -> Any:
+        try:
+            response = self._http.request(method, path, **kwargs)
+        except httpx.HTTPError as exc:
+            _fail(f"cannot reach the API at {self.base}: {type(exc).__name__}", code=2)
+        if response.is_success:
+            return response.json() if response.content else None
+        try:
+            problem = response.json()
+            text = f"{problem.get('reason', 'error')}: {problem.get('detail', response.reason_phrase)}"
+        except ValueError:
+            text = response.reason_phrase
+        _fail(f"{method} {path} answered {response.status_code} {text}")
+
+
+def _fail(message: str, *, code: int = 1) -> NoReturn:
+    console.print(Text(message, style="red"))
+    raise typer.Exit(code)
+
+
+# ------------------------------------------------------------------------------- events
+
+
+@events_app.command("list")
+def events_list(
+    url: Url = DEFAULT_URL,
+    token: Token = None,
+    event_type: Annotated[str | None, typer.Option("--type", help="Exact event type.")] = None,
+    subject: Annotated[str | None, typer.Option(help="Booking, service or waitlist entry id.")] = None,
+    correlation: Annotated[str | None, typer.Option(help="Correlation id.")] = None,
+    status: Annotated[
+        str | None, typer.Option(help="Only events with a delivery in this status (pending, dead, ...).")
+    ] = None,
+    since: Since = None,
+    until: Until = None,
+    limit: Limit = 20,
+    cursor: Cursor = None,
+) -> None:
+    """Events, newest first, with their deliveries by status."""
+    params = _params(
+        event_type=event_type,
+        subject_id=subject,
+        correlation_id=correlation,
+        delivery_status=status,
+        since=_when(since),
+        until=_when(until),
+        limit=limit,
+        cursor=cursor,
+    )
+    with AdminClient(url, token) as api:
+        page = api.call("GET", "/admin/events", params=params)
+    table = Table(title="events")
+    table.add_column("event_id", no_wrap=True)
+    for column in ("type", "subject", "accepted", "deliveries"):
+        table.add_column(column, overflow="fold")
+    for item in page["items"]:
+        counts = ", ".join(f"{n} {status}" for status, n in sorted(item["deliveries"].items())) or "-"
+        _row(table, item["id"], item["event_type"], item["subject_id"] or "-", item["created_at"], counts)
+    console.print(table)
+    _more(page)
+
+
+@events_app.command("show")
+def events_show(event_id: str, url: Url = DEFAULT_URL, token: Token = None) -> None:
+    """One event: its envelope, every delivery and every attempt."""
+    with AdminClient(url, token) as api:
+        detail = api.call("GET", f"/admin/events/{event_id}")
+    event = detail["event"]
+    console.print(Text.assemble((event["id"], "bold"), " ", event["event_type"]))
+    for name in ("subject_id", "correlation_id", "order_id", "audience", "occurred_at", "created_at"):
+        console.print(f"  {name}: {event[name] if event[name] is not None else '-'}", markup=False)
+    table = Table(title="deliveries and attempts")
+    columns = ("delivery", "subscription", "status", "try", "started", "code", "ms", "outcome", "error")
+    for column in (*columns, "response"):
+        table.add_column(column, overflow="fold")
+    for delivery in detail["deliveries"]:
+        _row(table, delivery["id"], delivery["subscription_id"], delivery["status"], *[""] * 7)
+        for attempt in delivery["attempts"]:
+            _row(
+                table,
+                "",
+                "",
+                "",
+                str(attempt["attempt_number"]),
+                attempt["started_at"],
+                str(attempt["status_code"] or "-"),
+                f"{attempt['duration_ms']:.0f}",
+                attempt["outcome"],
+                attempt["error_class"] or "",
+                (attempt["response_excerpt"] or "")[:_EXCERPT],
+            )
+    console.print(table)
+
+
+def replay(
+    event_id: str,
+    subscription: Annotated[
+        str | None, typer.Option(help="Only this subscription (back-fills one that never had it).")
+    ] = None,
+    url: Url = DEFAULT_URL,
+    token: Token = None,
+) -> None:
+    """Deliver an event again (same event_id, signed afresh) to every subscription it matches, or
+    one; earlier deliveries and their attempts are kept."""
+    body = {"subscription_id": subscription} if subscription else {}
+    with AdminClient(url, token) as api:
+        result = api.call("POST", f"/admin/events/{event_id}/replay", json=body)
+    if not result["deliveries"]:
+        console.print(f"no active subscription takes {event_id}: nothing to replay", markup=False)
+        return
+    for delivery in result["deliveries"]:
+        console.print(
+            f"replaying {result['event_id']} to {delivery['subscription_id']}: delivery {delivery['id']}",
+            markup=False,
+        )
+
+
+# ------------------------------------------------------------------------------- jobs
+
+
+def recover(
+    subscription: Annotated[str, typer.Option(help="The subscription whose endpoint missed events.")],
+    since: Annotated[str, typer.Option(help="Events accepted from: RFC 3339 or an age (2h, 7d).")],
+    until: Until = None,
+    wait: Wait = True,
+    url: Url = DEFAULT_URL,
+    token: Token = None,
+) -> None:
+    """Re-deliver every failed or dead delivery of a subscription in a time range (a job, no cap)."""
+    body = _params(since=_when(since), until=_when(until))
+    with AdminClient(url, token) as api:
+        job = api.call("POST", f"/admin/subscriptions/{subscription}/recover", json=body)
+        _follow(api, job, wait=wait)
+
+
+@dead_letter_app.command("list")
+def dead_letter_list(
+    subscription: Annotated[str | None, typer.Option(help="Only this subscription.")] = None,
+    event_type: Annotated[str | None, typer.Option("--type", help="Only this event type.")] = None,
+    since: Since = None,
+    until: Until = None,
+    limit: Limit = 20,
+    cursor: Cursor = None,
+    url: Url = DEFAULT_URL,
+    token: Token = None,
+) -> None:
+    """Dead deliveries, newest first."""
+    params = _params(
+        subscription_id=subscription,
+        event_type=event_type,
+        since=_when(since),
+        until=_when(until),
+        limit=limit,
+        cursor=cursor,
+    )
+    with AdminClient(url, token) as api:
+        page = api.call("GET", "/admin/dead-letter", params=params)
+    table = Table(title="dead letter")
+    table.add_column("delivery", no_wrap=True)
+    for column in ("event_id", "type", "subscription", "tries", "last", "died"):
+        table.add_column(column, overflow="fold")
+    for item in page["items"]:
+        last = str(item["last_status_code"] or item["last_error"] or "-")
+        _row(
+            table,
+            item["id"],
+            item["event_id"],
+            item["event_type"] or "-",
+            item["subscription_id"],
+            str(item["attempt_count"]),
+            last,
+            item["completed_at"] or "-",
+        )
+    console.print(table)
+    _more(page)
+
+
+@dead_letter_app.command("redrive")
+def dead_letter_redrive(
+    subscription: Annotated[str | None, typer.Option(help="Only this subscription.")] = None,
+    event_type: Annotated[str | None, typer.Option("--type", help="Only this event type.")] = None,
+    since: Since = None,
+    until: Until = None,
+    wait: Wait = True,
+    url: Url = DEFAULT_URL,
+    token: Token = None,
+) -> None:
+    """Re-deliver the dead letter (all of it, or filtered) to active subscriptions, as a job."""
+    body = _params(
+        subscription_id=subscription, event_type=event_type, since=_when(since), until=_when(until)
+    )
+    with AdminClient(url, token) as api:
+        job = api.call("POST", "/admin/dead-letter/redrive", json=body)
+        _follow(api, job, wait=wait)
+
+
+@jobs_app.command("show")
+def jobs_show(
+    job_id: str,
+    wait: Annotated[bool, typer.Option("--wait/--no-wait", help="Follow it with a progress bar.")] = False,
+    url: Url = DEFAULT_URL,
+    token: Token = None,
+) -> None:
+    """A job's progress (``--wait``: until it ends)."""
+    with AdminClient(url, token) as api:
+        _follow(api, api.call("GET", f"/admin/jobs/{job_id}"), wait=wait)
+
+
+@jobs_app.command("resume")
+def jobs_resume(job_id: str, wait: Wait = True, url: Url = DEFAULT_URL, token: Token = None) -> None:
+    """Send a running or failed job to the workers again; it goes on after its last batch."""
+    with AdminClient(url, token) as api:
+        _follow(api, api.call("POST", f"/admin/jobs/{job_id}/resume"), wait=wait)
+
+
+def _follow(api: AdminClient, job: dict[str, Any], *, wait: bool) -> None:
+    """Print the job; with ``wait``, poll it under a progress bar until it ends (exit 1 if it failed)."""
+    console.print(Text.assemble("job ", (job["id"], "bold"), f" ({job['kind']}): {job['total']} deliveries"))
+    if wait and job["status"] == "running":
+        columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+        with Progress(*columns, console=console, transient=False) as progress:
+            bar = progress.add_task(job["kind"], total=max(job["total"], 1))
+            while job["status"] == "running":
+                time.sleep(POLL_SECONDS)
+                job = api.call("GET", f"/admin/jobs/{job['id']}")
+                progress.update(bar, completed=job["processed"], total=max(job["total"], job["processed"], 1))
+    if job["status"] == "failed":
+        _fail(f"job {job['id']} failed ({job['error']}); resume it: usp-webhooks jobs resume {job['id']}")
+    if job["status"] == "succeeded":
+        console.print(f"job {job['id']} done: {job['processed']} deliveries re-sent", markup=False)
+    else:
+        console.print(
+            f"job {job['id']} running: {job['processed']} of {job['total']} handled; "
+            f"follow it: usp-webhooks jobs show {job['id']} --wait",
+            markup=False,
+        )
+
+
+# ------------------------------------------------------------------------------- subscriptions
+
+
+@subscriptions_app.command("list")
+def subscriptions_list(
+    state: Annotated[str | None, typer.Option(help="active or disabled")] = None,
+    limit: Limit = 50,
+    cursor: Cursor = None,
+    url: Url = DEFAULT_URL,
+    token: Token = None,
+) -> None:
+    """Subscriptions with their health: success rate (24 h), last success, failure streak, state."""
+    with AdminClient(url, token) as api:
+        page = api.call(
+            "GET", "/admin/subscriptions", params=_params(state=state, limit=limit, cursor=cursor)
+        )
+    table = Table(title="subscriptions")
+    table.add_column("id", no_wrap=True)
+    columns = (
+        "url",
+        "state",
+        "breaker",
+        "rate limit",
+        "success 24h",
+        "last success",
+        "failures",
+        "pending",
+        "dead",
+    )
+    for column in columns:
+        table.add_column(column, overflow="fold")
+    for item in page["items"]:
+        rate = item["success_rate"]
+        _row(
+            table,
+            item["id"],
+            item["url"],
+            item["state"] + (f" ({item['disabled_reason']})" if item["disabled_reason"] else ""),
+            item["breaker_state"],
+            "-" if item["rate_limit"] is None else f"{item['rate_limit']}/s",
+            "-" if rate is None else f"{rate:.0%} of {item['recent_attempts']}",
+            item["last_success_at"] or "-",
+            str(item["consecutive_failures"]),
+            str(item["pending"]),
+            str(item["dead"]),
+        )
+    console.print(table)
+    _more(page)
+
+
+@subscriptions_app.command("disable")
+def subscriptions_disable(subscription_id: str, url: Url = DEFAULT_URL, token: Token = None) -> None:
+    """Stop delivering to a subscription."""
+    with AdminClient(url, token) as api:
+        health = api.call("POST", f"/admin/subscriptions/{subscription_id}/disable")
+    console.print(f"{health['id']} is {health['state']}", markup=False)
+
+
+@subscriptions_app.command("enable")
+def subscriptions_enable(subscription_id: str, url: Url = DEFAULT_URL, token: Token = None) -> None:
+    """Deliver to a subscription again (failure streak cleared); then `recover` what it missed."""
+    with AdminClient(url, token) as api:
+        health = api.call("POST", f"/admin/subscriptions/{subscription_id}/enable")
+    console.print(f"{health['id']} is {health['state']}", markup=False)
+
+
+@subscriptions_app.command("rate-limit")
+def subscriptions_rate_limit(
+    subscription_id: str,
+    per_second: Annotated[
+        int | None, typer.Argument(show_default=False, help="Deliveries started per second at most.")
+    ] = None,
+    off: Annotated[bool, typer.Option("--off", help="Lift the limit.")] = False,
+    url: Url = DEFAULT_URL,
+    token: Token = None,
+) -> None:
+    """Limit how many deliveries to a subscription start in any second, across every worker
+    (N), or lift the limit (--off)."""
+    if (per_second is None) == (not off):
+        _fail("give either a limit (deliveries per second) or --off", code=2)
+    with AdminClient(url, token) as api:
+        health = api.call(
+            "PUT", f"/admin/subscriptions/{subscription_id}/rate-limit", json={"per_second": per_second}
+        )
+    limit = health["rate_limit"]
+    shown = "no rate limit" if limit is None else f"at most {limit} deliveries per second"
+    console.print(f"{health['id']}: {shown}", markup=False)
+
+
+# ------------------------------------------------------------------------------- trigger, listen
+
+
+def trigger(
+    event_type: Annotated[str, typer.Argument(help="A USP event type, e.g. booking.confirmed.")],
+    url: Url = DEFAULT_URL,
+    token: Token = None,
+) -> None:
+    """Post a realistic sample event (fresh event_id, timestamp now) to POST /events."""
+    event = sample_event(event_type)
+    with AdminClient(url, token) as api:
+        accepted = api.call("POST", "/events", content=event, headers={"Content-Type": "application/json"})
+    console.print(
+        f"{event_type} {accepted['event_id']} accepted: {accepted['deliveries']} deliveries", markup=False
+    )
+
+
+def sample_event(event_type: str) -> str:
+    """A valid sample event of ``event_type`` (any USP type) as JSON: the schemas' booking example
+    and its buyer, service and slot, shaped for the type, with a fresh ``event_id``."""
+    if event_type not in EVENT_TYPES:
+        _fail(f"no sample for {event_type!r}; choose one of: {', '.join(EVENT_TYPES)}", code=2)
+    example = json.loads(BOOKING_CONFIRMED_EXAMPLE)
+    booking = example["data"]
+    service_id = booking["service_id"]
+    now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    body: dict[str, Any] = {"version": example["version"]}
+    body |= {"event": event_type, "event_id": new_event_id(), "timestamp": now}
+    if event_type.startswith("booking."):
+        state = _BOOKING_STATES[event_type]
+        body |= {"booking_id": booking["id"], "service_id": service_id, "order_id": example["order_id"]}
+        body["data"] = booking
+        body["data"] |= {"state": state, "updated_at": now}
+        if state == "cancelled":
+            body["data"]["cancellation_reason"] = "buyer_request"
+    elif event_type == "catalog.availability.changed":
+        slot = {k: booking[k] for k in ("start", "end")} | {
+            "id": booking["slot_id"],
+            "service_id": service_id,
+            "duration": _SAMPLE_DURATION,
+            "state": "booked",
+            "capacity": 1,
+            "remaining": 0,
+        }
+        body |= {"service_id": service_id, "data": {"service_id": service_id, "slots": [slot]}}
+    elif event_type.startswith("catalog.service."):
+        service: dict[str, Any] = {"id": service_id, "name": "Haircut", "duration": _SAMPLE_DURATION}
+        service["active"] = event_type != "catalog.service.deleted"
+        body |= {"service_id": service_id, "data": service}
+    else:
+        state = event_type.removeprefix("waitlist.")
+        entry: dict[str, Any] = {
+            "id": "wl_sample",
+            "service_id": service_id,
+            "state": state,
+            "buyer": booking["buyer"],
+            "desired_window": {"start": booking["start"], "end": booking["end"]},
+            "created_at": now,
+            "updated_at": now,
+        }
+        if state in ("offered", "expired", "converted"):
+            entry |= {"offered_slot_id": booking["slot_id"], "offer_expires_at": now}
+        if state == "converted":
+            entry["booking_id"] = body["booking_id"] = booking["id"]
+        body |= {"waitlist_entry_id": entry["id"], "service_id": service_id, "data": entry}
+    return parse_event(body).model_dump_json()  # validated by the models it claims to be
+
+
+def listen(
+    forward_to: Annotated[str | None, typer.Option(help="Also POST each verified event's body here.")] = None,
+    events: Annotated[
+        list[str] | None, typer.Option("--events", help="Event type patterns (default *).")
+    ] = None,
+    host: Annotated[str, typer.Option(help="Where the local receiver listens.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(min=0, max=65535, help="Its port (0: any free one).")] = 0,
+    max_events: Annotated[int | None, typer.Option(min=1, help="Stop after this many events.")] = None,
+    url: Url = DEFAULT_URL,
+    token: Token = None,
+) -> None:
+    """Subscribe a receiver on this machine for as long as this runs: print each event as it
+    arrives, verified against the service's JWKS, forward it, unsubscribe on exit (Ctrl-C).
+
+    The service must be able to reach this machine (a local service: USP_ALLOW_PRIVATE_TARGETS).
+    """
+    done = threading.Event()
+    seen = 0
+    forward = httpx.Client(timeout=10.0) if forward_to else None
+
+    def on_event(hook: ReceivedWebhook) -> None:
+        nonlocal seen
+        event = hook.event
+        console.print(
+            Text.assemble(
+                f"{datetime.now(UTC):%H:%M:%S} ",
+                ("verified", "green"),
+                f" {event.event} {event.event_id} (key {hook.verified.kid})",
+            )
+        )
+        if forward is not None and forward_to is not None:
+            _forward(forward, forward_to, hook)
+        seen += 1
+        if max_events is not None and seen >= max_events:
+            done.set()
+
+    jwks_url = url.rstrip("/") + "/.well-known/usp/jwks.json"
+    keys = RemoteJWKS(jwks_url, allow_insecure_http=_is_loopback(jwks_url))
+    receiver = _ClosingOnShutdown(
+        WebhookApp(WebhookReceiver(Verifier(keys), on_event, dedupe=MemoryDedupe())), keys.aclose
+    )
+    with AdminClient(url, token) as api, _serve(receiver, host, port) as local_url:
+        subscription = api.call(
+            "POST", "/services/feed/subscriptions", json={"url": local_url, "event_types": events or ["*"]}
+        )
+        console.print(
+            f"listening on {local_url} as subscription {subscription['id']}"
+            + (f", forwarding to {forward_to}" if forward_to else "")
+            + " (Ctrl-C to stop)",
+            markup=False,
+        )
+        try:
+            while not done.wait(0.2):
+                pass
+        except KeyboardInterrupt:
+            pass
+        finally:
+            api.call("DELETE", f"/services/feed/subscriptions/{subscription['id']}")
+            console.print(f"subscription {subscription['id']} removed", markup=False)
+            if forward is not None:
+                forward.close()
+
+
+def _forward(client: httpx.Client, target: str, hook: ReceivedWebhook) -> None:
+    """POST the body as received; the signature covers this listener's URL, not ``target``."""
+    try:
+        response = client.post(target, content=hook.body, headers={"Content-Type": "application/json"})
+    except httpx.HTTPError as exc:
+        console.print(Text.assemble(f"  -> {target}: ", (type(exc).__name__, "red")))
+        return
+    console.print(f"  -> {target}: {response.status_code}", markup=False)
+
+
+@contextmanager
+def _serve(app: Any, host: str, port: int) -> Iterator[str]:
+    """Serve ``app`` with uvicorn in a thread; yield its webhook URL."""
+    import uvicorn
+
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on", ws="none")
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 10
+        while not server.started:
+            if not thread.is_alive() or time.monotonic() > deadline:
+                _fail("the local receiver did not start", code=2)
+            time.sleep(0.02)
+        bound = sock.getsockname()[1]
+        shown = f"[{host}]" if ":" in host else host
+        yield f"http://{shown}:{bound}/webhooks"
+    finally:
+        server.should_exit = True
+        thread.join(10)
+        sock.close()
+
+
+class _ClosingOnShutdown:
+    """``app``, plus an ASGI lifespan that runs ``on_shutdown`` when the server stops: the JWKS
+    client was opened on the server's event loop and must be closed on it."""
+
+    def __init__(self, app: Any, on_shutdown: Callable[[], Awaitable[None]]) -> None:
+        self.app = app
+        self.on_shutdown = on_shutdown
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "lifespan":
+            await self.app(scope, receive, send)
+            return
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                await self.on_shutdown()
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+
+
+# ------------------------------------------------------------------------------- helpers
+
+
+def _params(**values: Any) -> dict[str, Any]:
+    return {k: v for k, v in values.items() if v is not None}
+
+
+def _when(text: str | None) -> str | None:
+    """An RFC 3339 moment with offset, or an age such as ``2h`` (that long before now)."""
+    if text is None:
+        return None
+    age = _AGE.match(text.strip())
+    if age:
+        delta = timedelta(**{_UNITS[age.group(2)]: int(age.group(1))})
+        return (datetime.now(UTC) - delta).isoformat()
+    try:
+        moment = datetime.fromisoformat(text)
+    except ValueError:
+        _fail(f"{text!r} is neither RFC 3339 (2026-03-14T22:00:00Z) nor an age (90m, 2h, 7d)", code=2)
+    if moment.tzinfo is None:
+        _fail(f"{text!r} has no UTC offset: add Z or +hh:mm", code=2)
+    return moment.isoformat()
+
+
+def _row(table: Table, *cells: object) -> None:
+    """A table row of plain text (see :data:`console`)."""
+    table.add_row(*(Text(str(cell)) for cell in cells))
+
+
+def _more(page: Mapping[str, Any]) -> None:
+    if page.get("next_cursor"):
+        console.print(f"more: --cursor {page['next_cursor']}", markup=False)
+
+
+def _is_loopback(url: str) -> bool:
+    host = httpx.URL(url).host
+    return host in ("localhost", "127.0.0.1", "::1")

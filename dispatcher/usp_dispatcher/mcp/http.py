@@ -1,0 +1,342 @@
+"""The MCP server over Streamable HTTP at ``/mcp``, with stateful sessions so the server can push.
+
+:func:`mount_mcp` adds the endpoint to the FastAPI app; :meth:`MCPEndpoint.serve`, entered in the
+app's lifespan, builds the server (:func:`.server.build_server`), runs the SDK's
+``StreamableHTTPSessionManager`` and the live-webhook hub (:class:`.live.LiveHub`) beside it.
+
+Every request is authenticated here, before MCP sees it: the body is buffered (within the SDK's
+own size limit) and :func:`usp_dispatcher.access.authenticate_http` reads the credential, an API
+key or the admin token as a bearer token, or an agent's RFC 9421 signature over method, URL,
+headers and body. A credential presented but not valid is answered at once with HTTP 401 and a
+JSON-RPC error (``-32001 unauthenticated``, ``data.content`` saying why); no credential is fine
+at this layer (public tools need none; ``authorize`` decides per tool). The outcome reaches the
+tool handlers as ``request.state.usp_identity`` (an ``Identity`` or ``None``): the transport
+builds the handler context's ``ctx.request`` from the very ASGI scope passed on here, and
+Starlette's ``request.state`` is that scope's ``"state"`` dict. The identity is also presented to
+the SDK as the scope's ``user``, which is how its session manager binds a session to the
+credential that opened it: a request for that session with another credential (or none) is
+answered 404, as if the session did not exist, so nobody else can read its notification stream.
+
+Resumability is per session (:class:`.event_store.SessionEventStore`, see there for why a shared
+store would leak). The SDK passes one store to every session's transport; the manager subclass
+here gives each admitted session a store of its own, and keeps a weak map of the live transports
+for the hub's liveness sweep.
+
+DNS-rebinding protection (the SDK's ``Host``/``Origin`` checks) allows loopback hosts on any port
+and the host of ``USP_PUBLIC_BASE_URL``; a proxy that rewrites ``Host`` to anything else needs
+``security=`` (browsers send ``Origin``, other clients usually do not, and that is accepted).
+
+A client needs a stateful session to receive pushes: the 2025 (handshake) protocol versions, e.g.
+``mcp.Client(url, mode="legacy")``. A 2026-07-28 client's requests are single exchanges without a
+session; they are served, but nothing can be pushed to them.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import weakref
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from functools import partial
+from typing import Any, Final
+from urllib.parse import urlsplit
+
+import anyio
+from fastapi import FastAPI
+from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser, AuthorizationContext
+from mcp.server.auth.provider import AccessToken
+from mcp.server.lowlevel import Server
+from mcp.server.streamable_http import StreamableHTTPServerTransport
+from mcp.server.streamable_http_manager import (
+    DEFAULT_MAX_REQUEST_BODY_SIZE,
+    DEFAULT_SESSION_IDLE_TIMEOUT,
+    RequestBodyLimitMiddleware,
+    StreamableHTTPSessionManager,
+)
+from mcp.server.transport_security import TransportSecuritySettings
+from sqlalchemy.engine import Engine
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import Route
+from starlette.types import Message, Receive, Scope, Send
+
+from usp_workers.settings import Settings
+
+from ..access import AccessError, authenticate_http
+from .event_store import DEFAULT_MAX_AGE, DEFAULT_MAX_EVENTS, SessionEventStore
+from .live import DEFAULT_POLL_INTERVAL, LiveHub
+from .protocol import INTERNAL_ERROR, error_object
+from .server import build_server
+
+__all__ = ["HTTP_SESSION_PREFIX", "MCP_PATH", "MCPEndpoint", "ServerFactory", "default_security", "mount_mcp"]
+
+logger = logging.getLogger("usp_dispatcher.mcp")
+
+MCP_PATH: Final = "/mcp"
+#: Live-webhook session keys of HTTP sessions are this prefix and the ``Mcp-Session-Id``.
+HTTP_SESSION_PREFIX: Final = "http:"
+
+#: Builds the MCP server for the endpoint: ``(engine, settings, hub) -> Server``.
+ServerFactory = Callable[[Engine, Settings, LiveHub], Server[Any]]
+
+
+def mount_mcp(
+    app: FastAPI,
+    settings: Settings,
+    *,
+    path: str = MCP_PATH,
+    server_factory: ServerFactory | None = None,
+    security: TransportSecuritySettings | None = None,
+    session_idle_timeout: float | None = DEFAULT_SESSION_IDLE_TIMEOUT,
+    max_request_body_size: int = DEFAULT_MAX_REQUEST_BODY_SIZE,
+    replay_max_events: int = DEFAULT_MAX_EVENTS,
+    replay_max_age: float = DEFAULT_MAX_AGE,
+    poll_interval: float = DEFAULT_POLL_INTERVAL,
+) -> MCPEndpoint:
+    """Add the MCP endpoint at ``path`` (also ``app.state.mcp``); enter :meth:`MCPEndpoint.serve`
+    in the app's lifespan.
+
+    Until it is entered (and after it exits) the endpoint answers 503. ``server_factory``
+    defaults to :func:`.server.build_server` (with the app's ``target_resolver``).
+    """
+
+    def default_factory(engine: Engine, settings: Settings, hub: LiveHub) -> Server[Any]:
+        return build_server(engine, settings, hub=hub, resolver=getattr(app.state, "target_resolver", None))
+
+    endpoint = MCPEndpoint(
+        app,
+        settings,
+        server_factory=server_factory or default_factory,
+        security=security if security is not None else default_security(settings),
+        session_idle_timeout=session_idle_timeout,
+        max_request_body_size=max_request_body_size,
+        replay_max_events=replay_max_events,
+        replay_max_age=replay_max_age,
+        poll_interval=poll_interval,
+    )
+    app.router.routes.append(Route(path, endpoint=endpoint, include_in_schema=False))
+    app.state.mcp = endpoint
+    return endpoint
+
+
+def default_security(settings: Settings) -> TransportSecuritySettings:
+    """The SDK's DNS-rebinding checks for this deployment: loopback on any port, and the public
+    URL's host.
+
+    >>> default_security(Settings(public_base_url="https://book.example")).allowed_hosts[-1]
+    'book.example'
+    """
+    hosts = ["127.0.0.1", "127.0.0.1:*", "localhost", "localhost:*", "[::1]", "[::1]:*"]
+    origins = [f"http://{host}" for host in hosts]
+    public = urlsplit(settings.public_base_url)
+    if public.netloc:
+        hosts.append(public.netloc)
+        origins.append(f"{public.scheme}://{public.netloc}")
+    return TransportSecuritySettings(
+        enable_dns_rebinding_protection=True, allowed_hosts=hosts, allowed_origins=origins
+    )
+
+
+@dataclass(frozen=True)
+class _Running:
+    manager: _SessionManager
+    hub: LiveHub
+    engine: Engine
+
+
+class MCPEndpoint:
+    """The ASGI app at ``/mcp``: authentication in front of the SDK's session manager."""
+
+    def __init__(
+        self,
+        app: FastAPI,
+        settings: Settings,
+        *,
+        server_factory: ServerFactory,
+        security: TransportSecuritySettings,
+        session_idle_timeout: float | None,
+        max_request_body_size: int,
+        replay_max_events: int,
+        replay_max_age: float,
+        poll_interval: float,
+    ) -> None:
+        self._app = app
+        self._settings = settings
+        self._server_factory = server_factory
+        self._security = security
+        self._session_idle_timeout = session_idle_timeout
+        self._max_request_body_size = max_request_body_size
+        self._store_factory = partial(SessionEventStore, max_events=replay_max_events, max_age=replay_max_age)
+        self._poll_interval = poll_interval
+        self._running: _Running | None = None
+        self._limited = RequestBodyLimitMiddleware(self._authenticated, max_request_body_size)
+
+    @property
+    def hub(self) -> LiveHub | None:
+        """The live-webhook hub while the endpoint is serving."""
+        return None if self._running is None else self._running.hub
+
+    @asynccontextmanager
+    async def serve(self, engine: Engine) -> AsyncIterator[LiveHub]:
+        """Serve MCP on ``engine``'s database (the session manager and the live-webhook hub) for
+        the duration of the block; the app's lifespan enters it. Yields the hub."""
+        hub = LiveHub(is_alive=self._session_alive)
+        server = self._server_factory(engine, self._settings, hub)
+        manager = _SessionManager(
+            server,
+            store_factory=self._store_factory,
+            security_settings=self._security,
+            session_idle_timeout=self._session_idle_timeout,
+            max_request_body_size=self._max_request_body_size,
+        )
+        async with manager.run(), anyio.create_task_group() as task_group:
+            task_group.start_soon(partial(hub.run, engine, self._settings, poll_interval=self._poll_interval))
+            self._running = _Running(manager, hub, engine)
+            try:
+                yield hub
+            finally:
+                self._running = None
+                task_group.cancel_scope.cancel()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if self._running is None:
+            await _rpc_error(503, INTERNAL_ERROR, "The MCP endpoint is not running.")(scope, receive, send)
+            return
+        await self._limited(scope, receive, send)
+
+    async def _authenticated(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Authenticate, hand the identity on in the scope, let the session manager serve."""
+        running = self._running
+        if running is None:  # stopped while the body was read
+            await _rpc_error(503, INTERNAL_ERROR, "The MCP endpoint is not running.")(scope, receive, send)
+            return
+        body, receive = await _buffered(receive)
+        request = Request(scope)
+        try:
+            identity = await authenticate_http(
+                request.method,
+                str(request.url),
+                request.headers,
+                body,
+                engine=running.engine,
+                settings=self._settings,
+                resolver=getattr(self._app.state, "target_resolver", None),
+            )
+        except AccessError as exc:
+            response = _rpc_error(401, exc.code, exc.detail, request_id=_request_id(body), message=exc.reason)
+            if "authorization" in request.headers:
+                response.headers["WWW-Authenticate"] = 'Bearer error="invalid_token"'  # RFC 6750
+            await response(scope, receive, send)
+            return
+        except Exception:
+            logger.exception("MCP request authentication failed")
+            await _rpc_error(500, INTERNAL_ERROR, request_id=_request_id(body))(scope, receive, send)
+            return
+        scope.setdefault("state", {})["usp_identity"] = identity
+        if identity is not None:
+            # The SDK binds a session to the credential that opened it through the scope's
+            # user (its authorization_context); the token itself is never needed, nor kept.
+            scope["user"] = AuthenticatedUser(AccessToken(token="", client_id=identity.principal, scopes=[]))
+        await running.manager.handle_request(scope, receive, send)
+
+    def buffered(self, session_id: str) -> int:
+        """How many messages the session ``session_id`` holds for a reconnecting client (for
+        metrics and tests; 0 for a session that is not being served)."""
+        return 0 if self._running is None else self._running.manager.buffered(session_id)
+
+    def _session_alive(self, session_key: str) -> bool:
+        running = self._running
+        if running is None or not session_key.startswith(HTTP_SESSION_PREFIX):
+            return False  # this process serves no stdio session
+        return running.manager.session_alive(session_key.removeprefix(HTTP_SESSION_PREFIX))
+
+
+class _SessionManager(StreamableHTTPSessionManager):
+    """The SDK's session manager, giving each session an event store of its own.
+
+    The SDK offers one ``event_store`` for all sessions and no per-session factory; the hook is
+    ``_admit_session``, which builds each session's transport from ``self.event_store`` under the
+    session-creation lock, synchronously. Setting the attribute around the call hands the new
+    transport a fresh store, and nothing else sees it. The per-session isolation test fails if an
+    SDK upgrade changes this.
+    """
+
+    def __init__(
+        self, app: Server[Any], *, store_factory: Callable[[], SessionEventStore], **options: Any
+    ) -> None:
+        super().__init__(app, event_store=None, **options)
+        self._store_factory = store_factory
+        self._transports: weakref.WeakValueDictionary[str, StreamableHTTPServerTransport] = (
+            weakref.WeakValueDictionary()
+        )
+        self._stores: weakref.WeakValueDictionary[str, SessionEventStore] = weakref.WeakValueDictionary()
+
+    def _admit_session(self, requestor: AuthorizationContext | None) -> StreamableHTTPServerTransport | None:
+        store = self.event_store = self._store_factory()
+        try:
+            transport = super()._admit_session(requestor)
+        finally:
+            self.event_store = None
+        if transport is not None and transport.mcp_session_id is not None:
+            self._transports[transport.mcp_session_id] = transport
+            self._stores[transport.mcp_session_id] = store
+        return transport
+
+    def session_alive(self, session_id: str) -> bool:
+        """Whether ``session_id`` is a session this manager still serves."""
+        transport = self._transports.get(session_id)
+        return transport is not None and not transport.is_terminated
+
+    def buffered(self, session_id: str) -> int:
+        """Messages ``session_id``'s event store holds for replay (0 for an unknown session)."""
+        store = self._stores.get(session_id) if self.session_alive(session_id) else None
+        return 0 if store is None else store.held
+
+
+async def _buffered(receive: Receive) -> tuple[bytes, Receive]:
+    """The request body, and a ``receive`` that replays it before passing on what follows (the
+    disconnect the SDK's streams wait for)."""
+    chunks: list[bytes] = []
+    replay: list[Message] = []
+    while True:
+        message = await receive()
+        if message["type"] != "http.request":
+            replay.append(message)
+            break
+        chunks.append(message.get("body", b""))
+        if not message.get("more_body", False):
+            break
+    body = b"".join(chunks)
+    replay.insert(0, {"type": "http.request", "body": body, "more_body": False})
+
+    async def replaying() -> Message:
+        return replay.pop(0) if replay else await receive()
+
+    return body, replaying
+
+
+def _request_id(body: bytes) -> int | str | None:
+    """The id of the JSON-RPC request in ``body``, to answer it by; ``None`` when there is none."""
+    try:
+        document = json.loads(body)
+    except ValueError:
+        return None
+    candidate = document.get("id") if isinstance(document, dict) else None
+    return candidate if isinstance(candidate, int | str) and not isinstance(candidate, bool) else None
+
+
+def _rpc_error(
+    status: int,
+    code: int,
+    content: str | None = None,
+    *,
+    request_id: int | str | None = None,
+    message: str | None = None,
+) -> JSONResponse:
+    """An HTTP error answered with a JSON-RPC error body, as the SDK answers its own."""
+    error = error_object(code, content)
+    if message is not None:
+        error["message"] = message
+    return JSONResponse({"jsonrpc": "2.0", "id": request_id, "error": error}, status_code=status)

@@ -1,0 +1,431 @@
+"""Live webhooks: a platform's events pushed over the MCP sessions that speak for it.
+
+A platform holding an MCP session open (stdio, or a stateful Streamable HTTP session) hears about
+its bookings the moment they change, as ``usp_webhook`` JSON-RPC notifications whose ``params``
+are the event envelope signed in-band (``_meta.usp.signature``, SPEC-NOTES). The tool layer
+attaches a session to a profile once a privileged call authorized it (:meth:`LiveHub.attach`);
+:meth:`LiveHub.run` tails the events table and sends each session what its profile's active
+subscriptions ask for (:func:`~usp_workers.outbox.event_matches`) and the event's audience allows
+(:func:`~usp_workers.outbox.reaches`, the same rule as REST deliveries).
+
+This is a second, faster path, not a replacement: every event still goes to the profile's
+subscriptions over REST through the outbox (retried for days), and receivers deduplicate on
+``event_id``. So the hub is at most once per session and keeps nothing durable.
+
+Which events a session gets: those written from the moment it attached (an event's
+``created_at`` at or after the attach), never a backlog. A session attached later does not get
+what happened while nobody was listening; history is what the REST deliveries and the admin
+replay are for, and a session replaying hours of events on connect would race them for nothing.
+
+How the table is tailed: event ids are time-ordered, but a transaction that took its id first may
+commit after one that took a later id, so a bare ``id > cursor`` would skip it for good. The hub
+rereads a short window instead (``lookback`` seconds of ``created_at`` behind the newest event
+seen; ids only) and remembers which ids it handled. An event committed more than ``lookback``
+after it was created reaches the session only over REST. The hub polls every ``poll_interval``
+while a session is attached (not at all otherwise), and wakes at once when this process commits
+an event (an SQLAlchemy commit hook: a flag per session, a no-op in processes without a hub).
+
+One slow or dead session never holds up the others: each has a bounded queue (``queue_size``
+events) drained by its own task. A session whose queue overflows (it stopped reading, or a burst
+larger than the queue arrived at once), whose sender fails, or that the transport reports gone
+(``is_alive``) is detached; its next privileged call attaches it again, and REST has the rest.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import json
+import logging
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any, Final
+
+import anyio
+import anyio.to_thread
+import mcp_types as types
+import sqlalchemy as sa
+import sqlalchemy.orm
+from anyio.abc import TaskGroup
+from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+from mcp.server.session import ServerSession
+from sqlalchemy.engine import Engine
+from sqlmodel import col, select
+
+from usp_receiver import SigningKey, sign_notification_params
+from usp_schemas import WEBHOOK_METHOD
+from usp_workers import db
+from usp_workers.keycache import NoSigningKey, current_signing_keys
+from usp_workers.models import EventRecord, Subscription, SubscriptionState, utcnow
+from usp_workers.outbox import event_matches, reaches
+from usp_workers.settings import Settings
+
+__all__ = [
+    "DEFAULT_LOOKBACK",
+    "DEFAULT_POLL_INTERVAL",
+    "DEFAULT_QUEUE_SIZE",
+    "LiveHub",
+    "LiveSend",
+    "notification_sender",
+]
+
+logger = logging.getLogger("usp_dispatcher.mcp")
+
+#: Sends one notification's params to one session; raising means the session is gone.
+LiveSend = Callable[[dict[str, Any]], Awaitable[None]]
+
+DEFAULT_POLL_INTERVAL: Final = 0.2
+DEFAULT_LOOKBACK: Final = 5.0
+DEFAULT_QUEUE_SIZE: Final = 1000
+
+_UspWebhook = types.Notification[dict[str, Any], str]
+
+
+def notification_sender(session: ServerSession) -> LiveSend:
+    """A :data:`LiveSend` writing ``usp_webhook`` notifications on ``session``'s standalone
+    channel (the SSE ``GET`` stream over HTTP, the pipe over stdio), outliving the request that
+    produced ``session``.
+
+    Why through ``send_notification`` with a ``type: ignore``: in mcp 2.3 it is annotated with the
+    core ``ServerNotification`` union only, but at run time it sends any ``Notification`` model as
+    its method and params on the connection's channel (``exclude_none`` does not reach into the
+    params dict, so the signed envelope goes out as signed). The untyped alternative,
+    ``Connection.notify``, is not reachable from a low-level handler: its context carries no
+    connection and ``ServerSession`` keeps its own private. Without a ``related_request_id`` the
+    notification rides the standalone channel, not the (finished) request's stream.
+    """
+
+    async def send(params: dict[str, Any]) -> None:
+        notification = _UspWebhook(method=WEBHOOK_METHOD, params=params)
+        await session.send_notification(notification)  # type: ignore[arg-type]
+
+    return send
+
+
+@dataclass(eq=False)
+class _Attachment:
+    key: str
+    profiles: set[str]
+    send: LiveSend
+    attached_at: datetime
+    outbox: MemoryObjectSendStream[dict[str, Any]]
+    inbox: MemoryObjectReceiveStream[dict[str, Any]]
+    scope: anyio.CancelScope | None = None  # the pump's, once it runs
+    started: bool = False
+    dropped: bool = False
+
+
+class LiveHub:
+    """Which sessions speak for which profiles, and the loop that feeds them.
+
+    ``is_alive(session_key)`` (optional) tells whether the transport still has that session; the
+    hub sweeps out the ones it denies (the HTTP mount passes one; a stdio process has one session
+    that lives as long as the hub). ``lookback`` and ``queue_size``: see the module docstring.
+
+    >>> hub = LiveHub()
+    >>> async def send(params): ...
+    >>> hub.attach("stdio", "https://platform.example/profile", send)
+    >>> hub.session_keys
+    frozenset({'stdio'})
+    >>> hub.detach("stdio")
+    """
+
+    def __init__(
+        self,
+        *,
+        is_alive: Callable[[str], bool] | None = None,
+        lookback: float = DEFAULT_LOOKBACK,
+        queue_size: int = DEFAULT_QUEUE_SIZE,
+    ) -> None:
+        if lookback < 0 or queue_size < 1:
+            raise ValueError("lookback must be >= 0 and queue_size >= 1")
+        self._is_alive = is_alive
+        self._lookback = timedelta(seconds=lookback)
+        self._queue_size = queue_size
+        self._attachments: dict[str, _Attachment] = {}
+        self._task_group: TaskGroup | None = None
+        self._wake: asyncio.Event | None = None
+
+    @property
+    def session_keys(self) -> frozenset[str]:
+        """The sessions attached right now."""
+        return frozenset(self._attachments)
+
+    def attach(self, session_key: str, profile: str, send: LiveSend) -> None:
+        """From now on, send ``session_key`` the events of ``profile`` (idempotent; a session may
+        speak for several profiles, and keeps the ``send`` it first attached with)."""
+        existing = self._attachments.get(session_key)
+        if existing is not None:
+            existing.profiles.add(profile)
+            return
+        outbox, inbox = anyio.create_memory_object_stream[dict[str, Any]](self._queue_size)
+        attachment = _Attachment(session_key, {profile}, send, utcnow(), outbox, inbox)
+        self._attachments[session_key] = attachment
+        if self._task_group is not None:
+            self._start(attachment)
+        if self._wake is not None:
+            self._wake.set()
+
+    def detach(self, session_key: str) -> None:
+        """Stop sending to ``session_key`` (unknown keys are ignored)."""
+        attachment = self._attachments.get(session_key)
+        if attachment is not None:
+            self._drop(attachment)
+
+    async def run(
+        self, engine: Engine, settings: Settings, *, poll_interval: float = DEFAULT_POLL_INTERVAL
+    ) -> None:
+        """Tail ``engine``'s events and feed the attached sessions until cancelled (asyncio)."""
+        loop = asyncio.get_running_loop()
+        wake = asyncio.Event()
+        tail = _Tail(self._lookback)
+
+        def poke() -> None:  # called by commits, from any thread
+            with contextlib.suppress(RuntimeError):  # the loop is closing: this hub is going away
+                loop.call_soon_threadsafe(wake.set)
+
+        _commit_hook.add(poke)
+        try:
+            async with anyio.create_task_group() as task_group:
+                self._task_group, self._wake = task_group, wake
+                for attachment in list(self._attachments.values()):
+                    self._start(attachment)
+                while True:
+                    wake.clear()
+                    self._sweep()
+                    if not self._attachments:
+                        await wake.wait()
+                        continue
+                    await self._poll(engine, settings, tail)
+                    with anyio.move_on_after(poll_interval):
+                        await wake.wait()
+        finally:
+            _commit_hook.discard(poke)
+            self._task_group = self._wake = None
+            # The sessions outlive nothing of ours: a hub that stops forgets them.
+            for attachment in list(self._attachments.values()):
+                self._drop(attachment)
+
+    # -- the loop's steps ---------------------------------------------------------------------
+
+    async def _poll(self, engine: Engine, settings: Settings, tail: _Tail) -> None:
+        attachments = list(self._attachments.values())
+        floor = tail.floor(min(attachment.attached_at for attachment in attachments))
+        profiles = {profile for attachment in attachments for profile in attachment.profiles}
+        try:
+            batch = await anyio.to_thread.run_sync(_read_batch, engine, settings, floor, tail.seen, profiles)
+        except Exception:
+            logger.exception("live webhooks: reading new events failed; retrying at the next poll")
+            return
+        tail.advance(floor, batch.window)
+        for record in batch.events:
+            targets = [attachment for attachment in attachments if _wants(attachment, record, batch.patterns)]
+            if not targets:
+                continue
+            if batch.key is None:
+                logger.error("live webhooks: no signing key; event %s not pushed to live sessions", record.id)
+                continue
+            try:
+                params = sign_notification_params(json.loads(record.payload), batch.key)
+            except ValueError:  # not JSON, or outside what JCS can sign: the hub must go on
+                logger.exception("live webhooks: event %s cannot be signed in-band; not pushed", record.id)
+                continue
+            for attachment in targets:
+                self._enqueue(attachment, params)
+
+    def _enqueue(self, attachment: _Attachment, params: dict[str, Any]) -> None:
+        try:
+            attachment.outbox.send_nowait(params)
+        except anyio.WouldBlock:
+            logger.warning(
+                "live webhooks: session %s is not keeping up (%d queued); detached",
+                _shown(attachment.key),
+                self._queue_size,
+            )
+            self._drop(attachment)
+        except (anyio.ClosedResourceError, anyio.BrokenResourceError):
+            self._drop(attachment)
+
+    def _start(self, attachment: _Attachment) -> None:
+        if not attachment.started and self._task_group is not None:
+            attachment.started = True
+            self._task_group.start_soon(self._pump, attachment)
+
+    async def _pump(self, attachment: _Attachment) -> None:
+        """Send one session its queue, in order; the first failure detaches it."""
+        attachment.scope = anyio.CancelScope()
+        if attachment.dropped:
+            attachment.scope.cancel()
+        with attachment.scope, attachment.inbox:
+            try:
+                async for params in attachment.inbox:
+                    await attachment.send(params)
+            except anyio.ClosedResourceError:
+                pass  # dropped while waiting for the next one
+            except Exception as exc:
+                logger.warning(
+                    "live webhooks: sending to session %s failed (%s); detached",
+                    _shown(attachment.key),
+                    type(exc).__name__,
+                )
+                self._drop(attachment)
+
+    def _sweep(self) -> None:
+        if self._is_alive is None:
+            return
+        for attachment in list(self._attachments.values()):
+            if not self._is_alive(attachment.key):
+                self._drop(attachment)
+
+    def _drop(self, attachment: _Attachment) -> None:
+        if self._attachments.get(attachment.key) is attachment:
+            del self._attachments[attachment.key]
+        attachment.dropped = True
+        if attachment.scope is not None:
+            attachment.scope.cancel()
+        attachment.outbox.close()
+        attachment.inbox.close()
+
+
+# -- reading the events table ---------------------------------------------------------------------
+
+
+@dataclass
+class _Tail:
+    """Where the hub stands in the events table: the newest ``created_at`` seen and the ids handled
+    within the lookback window behind it."""
+
+    lookback: timedelta
+    newest: datetime | None = None
+    seen: dict[str, datetime] = field(default_factory=dict)
+
+    def floor(self, earliest_attach: datetime) -> datetime:
+        """The oldest ``created_at`` worth reading: nobody wants events from before they attached,
+        and nothing older than the lookback behind the newest event can still be unseen."""
+        if self.newest is None:
+            return earliest_attach
+        return max(earliest_attach, self.newest - self.lookback)
+
+    def advance(self, floor: datetime, window: Iterable[tuple[str, datetime]]) -> None:
+        for event_id, created_at in window:
+            self.seen[event_id] = created_at
+            if self.newest is None or created_at > self.newest:
+                self.newest = created_at
+        # The floor never moves back (attach times and the newest event only grow), so what is
+        # below it now will never be read again.
+        for event_id in [event_id for event_id, created_at in self.seen.items() if created_at < floor]:
+            del self.seen[event_id]
+
+
+@dataclass(frozen=True)
+class _Batch:
+    window: list[tuple[str, datetime]]  # every (id, created_at) at or after the floor
+    events: list[EventRecord]  # the unseen ones, oldest first
+    patterns: dict[str, list[list[str]]]  # profile -> each active subscription's patterns
+    key: SigningKey | None
+
+
+def _read_batch(
+    engine: Engine, settings: Settings, floor: datetime, seen: dict[str, datetime], profiles: set[str]
+) -> _Batch:
+    """The events at or after ``floor`` the hub has not handled, the attached profiles'
+    subscriptions and the signing key (blocking: run in a thread; ``seen`` is only read)."""
+    with db.session(engine) as session:
+        window = [
+            (event_id, created_at)
+            for event_id, created_at in session.exec(
+                select(EventRecord.id, EventRecord.created_at).where(EventRecord.created_at >= floor)
+            ).all()
+        ]
+        unseen = [event_id for event_id, _ in window if event_id not in seen]
+        if not unseen:
+            return _Batch(window, [], {}, None)
+        events: list[EventRecord] = []
+        for chunk in _chunks(unseen, 500):
+            events.extend(session.exec(select(EventRecord).where(col(EventRecord.id).in_(chunk))).all())
+        events.sort(key=lambda record: (record.created_at, record.id))
+        patterns: dict[str, list[list[str]]] = {}
+        rows = session.exec(
+            select(Subscription.platform_profile, Subscription.event_types).where(
+                Subscription.state == SubscriptionState.ACTIVE,
+                col(Subscription.platform_profile).in_(sorted(profiles)),
+            )
+        ).all()
+        for profile, event_types in rows:
+            if profile is not None:
+                patterns.setdefault(profile, []).append(json.loads(event_types))
+    if not patterns:
+        return _Batch(window, events, patterns, None)
+    try:
+        key: SigningKey | None = current_signing_keys(engine, settings)[0]
+    except NoSigningKey:
+        key = None
+    return _Batch(window, events, patterns, key)
+
+
+def _wants(attachment: _Attachment, record: EventRecord, patterns: dict[str, list[list[str]]]) -> bool:
+    if record.created_at < attachment.attached_at:
+        return False
+    return any(
+        reaches(profile, record.audience)
+        and any(event_matches(record.event_type, subscription) for subscription in patterns.get(profile, ()))
+        for profile in attachment.profiles
+    )
+
+
+def _chunks(items: Sequence[str], size: int) -> Iterable[Sequence[str]]:
+    for start in range(0, len(items), size):
+        yield items[start : start + size]
+
+
+def _shown(session_key: str) -> str:
+    """A session key for logs: a digest, since an HTTP session id lets its holder use the session."""
+    return hashlib.sha256(session_key.encode()).hexdigest()[:12]
+
+
+# -- waking up when this process commits an event ------------------------------------------------
+
+
+class _CommitHook:
+    """Calls the running hubs' wake-ups after any commit in this process that inserted an event.
+
+    Installed on first use and left in place: with no hub running it costs a flag check per
+    inserted event and per commit. The wake-ups are kept in a tuple swapped as a whole, so a
+    commit in a worker thread never iterates a set another thread is changing.
+    """
+
+    _FLAG: Final = "usp_dispatcher.live.event_inserted"
+
+    def __init__(self) -> None:
+        self._wakers: tuple[Callable[[], None], ...] = ()
+        self._installed = False
+
+    def add(self, waker: Callable[[], None]) -> None:
+        if not self._installed:
+            sa.event.listen(EventRecord, "after_insert", self._inserted)
+            sa.event.listen(sqlalchemy.orm.Session, "after_commit", self._committed)
+            sa.event.listen(sqlalchemy.orm.Session, "after_rollback", self._rolled_back)
+            self._installed = True
+        self._wakers = (*self._wakers, waker)
+
+    def discard(self, waker: Callable[[], None]) -> None:
+        self._wakers = tuple(known for known in self._wakers if known is not waker)
+
+    def _inserted(self, _mapper: Any, _connection: Any, target: EventRecord) -> None:
+        if self._wakers:
+            session = sqlalchemy.orm.object_session(target)
+            if session is not None:
+                session.info[self._FLAG] = True
+
+    def _committed(self, session: sqlalchemy.orm.Session) -> None:
+        if session.info.pop(self._FLAG, False):
+            for waker in self._wakers:
+                waker()
+
+    def _rolled_back(self, session: sqlalchemy.orm.Session) -> None:
+        session.info.pop(self._FLAG, None)
+
+
+_commit_hook = _CommitHook()

@@ -1,0 +1,174 @@
+"""Protocol errors: the JSON-RPC error objects of the USP MCP binding, and the one place that
+makes them.
+
+The binding answers a protocol failure (a malformed request, a failed authentication, an unknown
+method) with a JSON-RPC ``error`` whose ``message`` is the code word and ``data.content`` a
+human-readable text (SPEC-NOTES), and *only* those with an error: business outcomes are results.
+The SDK makes its own errors in other shapes (``"Method not found"`` with the method as ``data``,
+``"Invalid request parameters"`` with an empty string, and, for any other exception a handler
+raises, code ``0`` with the exception's text). :class:`ProtocolErrors`, a server middleware,
+rewrites all of them into ours, so no exception text ever reaches a client: an unexpected failure
+is logged here and answered with a generic ``internal_error``.
+
+A few errors are made before the middleware chain runs, in the SDK's dispatch loop: above all the
+protocol-era check of ``Server.run`` (``serve_dual_era_loop``: a request carrying the 2026-07-28
+``_meta`` envelope on a connection opened with the ``initialize`` handshake gets ``-32600`` with
+the SDK's sentence as ``message``). The SDK offers no error hook at that level, but a transport
+owns the stream its answers leave by, so our stdio transport passes every outgoing error through
+:func:`wire_error`. Over Streamable HTTP a handshake session runs the SDK's ``serve_loop``,
+which has no era check; a request whose ``MCP-Protocol-Version`` header names a later version goes
+to the SDK's single-exchange "modern" entry, which writes its own rejections (``-32700``,
+``-32600`` for a batch body, the version ladder) straight into the HTTP response: only the HTTP
+mount (:mod:`.http`) could rewrite those.
+
+Our decision where the binding is silent: an unknown *tool* is ``-32601 method_not_found``. The
+binding calls ``params.name`` "the method name" (each USP operation is a JSON-RPC method carried
+in ``tools/call``), so a name it does not know is a method this server does not have;
+``-32602 invalid_params`` stays for a known method's bad arguments.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Final
+
+from mcp.server.context import CallNext, HandlerResult, ServerMiddleware, ServerRequestContext
+from mcp.shared.exceptions import MCPError
+from mcp_types import ErrorData
+from pydantic import ValidationError
+
+from usp_schemas import (
+    ERROR_CODE_WORDS,
+    FORBIDDEN,
+    INTERNAL_ERROR,
+    INVALID_PARAMS,
+    INVALID_REQUEST,
+    METHOD_NOT_FOUND,
+    PARSE_ERROR,
+    UNAUTHENTICATED,
+)
+
+__all__ = [
+    "CODE_WORDS",
+    "FORBIDDEN",
+    "INTERNAL_ERROR",
+    "INVALID_PARAMS",
+    "INVALID_REQUEST",
+    "METHOD_NOT_FOUND",
+    "PARSE_ERROR",
+    "UNAUTHENTICATED",
+    "ProtocolErrors",
+    "error_object",
+    "protocol_error",
+    "validation_text",
+    "wire_error",
+]
+
+logger = logging.getLogger("usp_dispatcher.mcp")
+
+#: ``error.message`` of each code (SPEC-NOTES "MCP surface"): the wire contract's table.
+CODE_WORDS: Final = ERROR_CODE_WORDS
+
+_GENERIC: Final[dict[int, str]] = {
+    PARSE_ERROR: "The message is not valid JSON.",
+    INVALID_REQUEST: "The message is not a valid JSON-RPC 2.0 request.",
+    METHOD_NOT_FOUND: "This server has no such method.",
+    INVALID_PARAMS: "The request's parameters are not valid for this method.",
+    INTERNAL_ERROR: "The server failed to handle this request; it was logged. Retrying may help.",
+    UNAUTHENTICATED: "This method needs a valid credential.",
+    FORBIDDEN: "This credential may not do this.",
+}
+
+
+def protocol_error(code: int, content: str | None = None) -> MCPError:
+    """The exception that becomes our JSON-RPC error ``code`` (``content``: the human text).
+
+    >>> protocol_error(-32602, "service_id is required").error.model_dump()
+    {'code': -32602, 'message': 'invalid_params', 'data': {'content': 'service_id is required'}}
+    """
+    return MCPError(code=code, message=CODE_WORDS[code], data={"content": content or _GENERIC[code]})
+
+
+def error_object(code: int, content: str | None = None) -> dict[str, Any]:
+    """The JSON-RPC ``error`` member for ``code`` (for transports that answer by themselves)."""
+    return protocol_error(code, content).error.model_dump(mode="json")
+
+
+def wire_error(error: ErrorData) -> ErrorData:
+    """``error`` as it should leave the server: ours unchanged, an SDK-made one with one of our
+    codes in our shape (its own sentence kept as ``data.content``: the SDK writes those, never an
+    exception's text; an ``internal_error`` gets the generic text all the same). Codes we do not
+    use (the SDK's protocol-version ones) pass as they are.
+
+    >>> wire_error(ErrorData(code=-32600, message="this connection serves another era")).model_dump()
+    {'code': -32600, 'message': 'invalid_request', 'data': {'content': 'this connection serves another era'}}
+    """
+    if error.code not in CODE_WORDS:
+        return error
+    exc = MCPError(code=error.code, message=error.message, data=error.data)
+    if _is_ours(exc) or error.code in (METHOD_NOT_FOUND, INTERNAL_ERROR):
+        return _ours(exc).error
+    text = error.message if 0 < len(error.message) <= 300 and error.message.isprintable() else None
+    return protocol_error(error.code, text).error
+
+
+def validation_text(exc: ValidationError, *, limit: int = 5) -> str:
+    """The argument errors as text: where and what, never the rejected input (it can be anything,
+    e.g. a credential pasted into the wrong field).
+
+    >>> from pydantic import BaseModel
+    >>> class M(BaseModel):
+    ...     n: int
+    >>> try:
+    ...     M.model_validate({})
+    ... except ValidationError as exc:
+    ...     print(validation_text(exc))
+    n: Field required
+    """
+    parts = []
+    for error in exc.errors(include_input=False, include_url=False)[:limit]:
+        where = ".".join(str(part) for part in error["loc"]) or "arguments"
+        parts.append(f"{where}: {error['msg']}")
+    more = len(exc.errors()) - limit
+    if more > 0:
+        parts.append(f"and {more} more")
+    return "; ".join(parts)
+
+
+class ProtocolErrors(ServerMiddleware[Any]):
+    """Server middleware: every error leaving the request chain in the binding's shape."""
+
+    async def __call__(self, ctx: ServerRequestContext[Any, Any], call_next: CallNext) -> HandlerResult:
+        try:
+            return await call_next(ctx)
+        except MCPError as exc:
+            raise _ours(exc) from None
+        except ValidationError as exc:
+            # The SDK's own params models (``tools/call`` without a ``name`` …).
+            raise protocol_error(INVALID_PARAMS, validation_text(exc)) from None
+        except Exception:
+            logger.exception("MCP %s failed", ctx.method)
+            raise protocol_error(INTERNAL_ERROR) from None
+
+
+def _ours(exc: MCPError) -> MCPError:
+    """``exc`` in our shape: already ours, or one of the SDK's with its code kept."""
+    code = exc.code
+    data = exc.data
+    if _is_ours(exc):
+        return exc
+    if code == METHOD_NOT_FOUND:
+        method = data if isinstance(data, str) and len(data) <= 100 and data.isprintable() else None
+        return protocol_error(code, f"This server has no method {method!r}." if method else None)
+    if code in CODE_WORDS:
+        return protocol_error(code)
+    return exc  # the SDK's protocol-version negotiation errors, and the like: left as they are
+
+
+def _is_ours(exc: MCPError) -> bool:
+    data = exc.data
+    return (
+        isinstance(data, dict)
+        and isinstance(data.get("content"), str)
+        and exc.message == CODE_WORDS.get(exc.code)
+    )

@@ -1,0 +1,214 @@
+"""The USP MCP server: the SDK's low-level ``Server`` with our two handlers, ``tools/list`` and
+``tools/call``.
+
+The low-level server, not the SDK's high-level one: the binding puts ``_meta`` *inside*
+``arguments``, and the high-level server builds the arguments from the function signature and
+drops it. A ``tools/call`` goes:
+
+1. the tool by name (an unknown one: ``-32601``, see :mod:`.protocol`);
+2. ``access.authorize`` with the transport's identity (over HTTP what the ``/mcp`` mount verified,
+   ``request.state.usp_identity``; over stdio none: credentials come in
+   ``_meta.usp.authorization``), which raises the protocol errors of MUSTs 5, 6 and 8;
+3. for a privileged call by an authenticated principal that names a profile, the live-webhook
+   hub learns this session speaks for it (the platform's events are then pushed to it as
+   ``usp_webhook`` notifications);
+4. the arguments against the tool's model (``-32602`` with what is wrong, never the input);
+5. the handler (database work off the event loop), its answer in the dual envelope.
+
+Every error leaves through :class:`.protocol.ProtocolErrors`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Final
+
+import anyio.to_thread
+import mcp_types as types
+from mcp.server.context import ServerRequestContext
+from mcp.server.lowlevel import Server
+from mcp.shared.exceptions import MCPError
+from pydantic import ValidationError
+from sqlalchemy.engine import Engine
+
+from usp_workers import db
+from usp_workers.settings import Settings
+from usp_workers.ssrf import Resolver
+
+from .. import access
+from ..access import AccessError, Caller, Identity
+from ..request_guard import NUL_REFUSED, contains_nul
+from .live import LiveHub, notification_sender
+from .protocol import INVALID_PARAMS, METHOD_NOT_FOUND, ProtocolErrors, protocol_error, validation_text
+from .results import envelope
+from .tools import TOOLS, TOOLS_BY_NAME, ToolCall, ToolSpec, UspMeta, read_meta
+
+__all__ = ["SERVER_NAME", "STDIO_SESSION", "build_server", "list_tools_result"]
+
+SERVER_NAME: Final = "usp-dispatcher"
+#: The live-webhook session key of the one client a stdio server has.
+STDIO_SESSION: Final = "stdio"
+_SESSION_HEADER: Final = "mcp-session-id"
+_CORRELATION_HEADER: Final = "usp-correlation-id"
+_READ_ONLY: Final = frozenset(
+    {"usp_catalog_list", "usp_availability_query", "usp_bookings_get", "usp_feed_subscriptions_list"}
+)
+_DESTRUCTIVE: Final = frozenset({"usp_bookings_cancel", "usp_feed_subscriptions_delete"})
+
+_INSTRUCTIONS: Final = (
+    "USP scheduling tools of this business. Put _meta.usp inside arguments: profile (your platform "
+    "profile URI, required on privileged tools), idempotency_key (a UUID v4 on every state change), "
+    "correlation_id (optional join id), authorization (stdio credentials and booking-scoped "
+    "credentials). Business outcomes (slot_unavailable, booking_not_found, ...) come back as "
+    "results with structuredContent.messages[]; protocol problems as JSON-RPC errors."
+)
+
+
+def build_server(
+    engine: Engine, settings: Settings, *, hub: LiveHub | None = None, resolver: Resolver | None = None
+) -> Server[Any]:
+    """The MCP server over ``engine``'s database. ``hub`` (when given) pushes each platform's
+    events to the sessions that speak for it; ``resolver`` is the SSRF check's DNS resolver
+    (``None``: the system's)."""
+
+    async def list_tools(
+        ctx: ServerRequestContext[Any, Any], params: types.PaginatedRequestParams | None
+    ) -> types.ListToolsResult:
+        return list_tools_result()
+
+    async def call_tool(
+        ctx: ServerRequestContext[Any, Any], params: types.CallToolRequestParams
+    ) -> types.CallToolResult:
+        spec = TOOLS_BY_NAME.get(params.name)
+        if spec is None:
+            raise protocol_error(METHOD_NOT_FOUND, f"There is no tool {_shown(params.name)}.")
+        arguments: dict[str, Any] = dict(params.arguments or {})
+        if contains_nul(arguments):  # the REST routes' rule too (RefuseNul)
+            raise protocol_error(INVALID_PARAMS, f"{NUL_REFUSED}.")
+        try:
+            meta = read_meta(arguments)
+        except ValidationError as exc:
+            raise protocol_error(INVALID_PARAMS, f"_meta: {validation_text(exc)}") from None
+        caller = await _authorize(engine, settings, spec, arguments, ctx.params or {}, _identity(ctx))
+        session_key = _session_key(ctx)
+        # Only an authenticated principal's session is attached: an anonymous caller (allowed when
+        # USP_REQUIRE_AUTHENTICATION is off) could name any profile and would receive its
+        # bookings' buyer details. A scoped credential alone (principal None) attaches nothing.
+        if (
+            hub is not None
+            and session_key is not None
+            and spec.access.privileged
+            and caller.profile
+            and caller.principal is not None
+        ):
+            hub.attach(session_key, caller.profile, notification_sender(ctx.session))
+        try:
+            model = spec.arguments.model_validate({k: v for k, v in arguments.items() if k != "_meta"})
+        except ValidationError as exc:
+            raise protocol_error(INVALID_PARAMS, validation_text(exc)) from None
+        call = ToolCall(engine, settings, caller, meta, _correlation_id(ctx, meta), resolver)
+        body = await spec.handler(call, model)
+        return envelope(body, capability=spec.capability)
+
+    server: Server[Any] = Server(
+        SERVER_NAME,
+        version=_version(),
+        title="USP scheduling (MCP binding)",
+        instructions=_INSTRUCTIONS,
+        on_list_tools=list_tools,
+        on_call_tool=call_tool,
+        get_tool_input_schema=lambda name: (
+            TOOLS_BY_NAME[name].input_schema if name in TOOLS_BY_NAME else None
+        ),
+    )
+    server.middleware.append(ProtocolErrors())
+    return server
+
+
+def list_tools_result() -> types.ListToolsResult:
+    """Every tool, its access class in ``_meta["x-usp-access"]`` (as the binding's OpenAPI names it)."""
+    return types.ListToolsResult(
+        tools=[
+            types.Tool(
+                name=tool.name,
+                description=tool.description,
+                input_schema=tool.input_schema,
+                annotations=types.ToolAnnotations(
+                    read_only_hint=tool.name in _READ_ONLY,
+                    destructive_hint=tool.name in _DESTRUCTIVE,
+                    open_world_hint=False,
+                ),
+                _meta={"x-usp-access": tool.access.value},
+            )
+            for tool in TOOLS
+        ]
+    )
+
+
+async def _authorize(
+    engine: Engine,
+    settings: Settings,
+    spec: ToolSpec,
+    arguments: Mapping[str, Any],
+    params: Mapping[str, Any],
+    identity: Identity | None,
+) -> Caller:
+    def work() -> Caller:
+        with db.session(engine) as session:
+            return access.authorize(
+                session,
+                settings,
+                tool=spec.name,
+                access=spec.access,
+                arguments=arguments,
+                params=params,
+                identity=identity,
+            )
+
+    try:
+        return await anyio.to_thread.run_sync(work)
+    except AccessError as exc:
+        raise MCPError(code=exc.code, message=exc.reason, data={"content": exc.detail}) from None
+
+
+def _identity(ctx: ServerRequestContext[Any, Any]) -> Identity | None:
+    """What the HTTP mount authenticated (``None`` over stdio, or when nothing was presented)."""
+    state = getattr(ctx.request, "state", None)
+    identity = getattr(state, "usp_identity", None)
+    return identity if isinstance(identity, Identity) else None
+
+
+def _session_key(ctx: ServerRequestContext[Any, Any]) -> str | None:
+    """The live-webhook key of this call's session: ``http:<Mcp-Session-Id>`` over HTTP, the one
+    stdio session otherwise; ``None`` for an HTTP call outside a session (nothing to push to)."""
+    if ctx.request is None:
+        return STDIO_SESSION
+    headers = getattr(ctx.request, "headers", None)
+    session_id = headers.get(_SESSION_HEADER) if headers is not None else None
+    return f"http:{session_id}" if session_id else None
+
+
+def _correlation_id(ctx: ServerRequestContext[Any, Any], meta: UspMeta) -> str | None:
+    """``_meta.usp.correlation_id``, else the ``USP-Correlation-Id`` header (HTTP; the binding
+    says both SHOULD agree, and ``_meta`` is what every transport carries, so it wins)."""
+    if meta.correlation_id is not None:
+        return meta.correlation_id
+    headers = getattr(ctx.request, "headers", None)
+    header = headers.get(_CORRELATION_HEADER) if headers is not None else None
+    if isinstance(header, str) and 0 < len(header) <= 128 and header.isascii() and header.isprintable():
+        return header
+    return None
+
+
+def _shown(name: str) -> str:
+    """A client-supplied name, safe to echo: printable and short."""
+    return repr(name) if len(name) <= 100 and name.isprintable() else "with that name"
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("usp-dispatcher")
+    except PackageNotFoundError:
+        return "0"

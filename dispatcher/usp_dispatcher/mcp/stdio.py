@@ -1,0 +1,174 @@
+"""``usp-webhooks mcp``: the MCP server over stdio, one JSON-RPC message per line.
+
+Our own line transport instead of the SDK's ``stdio_server``: the SDK's turns a line that is not
+JSON, or not a JSON-RPC message, into an exception its dispatcher logs and drops, so the client
+waits forever for an answer. Here such a line is answered, as JSON-RPC 2.0 asks: ``-32700
+parse_error`` when it is not JSON, ``-32600 invalid_request`` when it is JSON but not a JSON-RPC
+message (with the request's ``id`` when one can be read, else ``null``). Blank lines are skipped.
+Every error the server writes passes :func:`.protocol.wire_error`, so the few the SDK makes before
+our middleware runs (the protocol-era check) carry our code words too.
+
+The process prepares its database as the API does (migrations, a signing key, the demo catalog)
+and runs the live-webhook hub alongside: once the platform on the other end of the pipe made a
+privileged call with its profile, it receives that profile's events as ``usp_webhook``
+notifications.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from functools import partial
+from io import TextIOWrapper
+from typing import Any
+
+import anyio
+import anyio.to_thread
+import mcp_types as types
+from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+from mcp.shared.message import SessionMessage
+from pydantic import ValidationError
+from sqlalchemy.engine import Engine
+
+from usp_workers import db, keys, tasks
+from usp_workers.settings import Settings
+
+from .. import database
+from ..domain import ensure_demo_catalog
+from .live import LiveHub
+from .protocol import INVALID_REQUEST, PARSE_ERROR, error_object, wire_error
+from .server import build_server
+
+__all__ = ["parse_line", "run_stdio", "serve_stdio", "stdio_transport"]
+
+
+def run_stdio(settings: Settings) -> None:
+    """Serve MCP on this process's stdin/stdout until stdin closes. Anything else printing to
+    stdout would corrupt the wire, so ``print`` goes to stderr meanwhile."""
+    stdin = anyio.wrap_file(TextIOWrapper(sys.stdin.buffer, encoding="utf-8", errors="replace"))
+    stdout = anyio.wrap_file(TextIOWrapper(sys.stdout.buffer, encoding="utf-8"))
+    sys.stdout = sys.stderr
+    anyio.run(partial(serve_stdio, settings, stdin=stdin, stdout=stdout))
+
+
+async def serve_stdio(
+    settings: Settings,
+    *,
+    stdin: anyio.AsyncFile[str] | None = None,
+    stdout: anyio.AsyncFile[str] | None = None,
+) -> None:
+    """Serve one MCP client over the given text streams (default: this process's)."""
+    engine = db.make_engine(settings)
+    tasks.install_enqueuer(settings)  # committed events reach the broker at once, as from the API
+    try:
+        await anyio.to_thread.run_sync(_prepare_database, engine, settings)
+        hub = LiveHub()  # one session: the pipe, attached by its first privileged call
+        server = build_server(engine, settings, hub=hub)
+        async with (
+            stdio_transport(stdin, stdout) as (read_stream, write_stream),
+            anyio.create_task_group() as tg,
+        ):
+            tg.start_soon(hub.run, engine, settings)
+            await server.run(read_stream, write_stream, server.create_initialization_options())
+            tg.cancel_scope.cancel()
+    finally:
+        tasks.uninstall_enqueuer()
+        engine.dispose()
+
+
+@asynccontextmanager
+async def stdio_transport(
+    stdin: anyio.AsyncFile[str] | None = None, stdout: anyio.AsyncFile[str] | None = None
+) -> AsyncIterator[
+    tuple[MemoryObjectReceiveStream[SessionMessage | Exception], MemoryObjectSendStream[SessionMessage]]
+]:
+    """The server's two streams over line-delimited JSON-RPC on ``stdin``/``stdout``."""
+    source = stdin or anyio.wrap_file(TextIOWrapper(sys.stdin.buffer, encoding="utf-8", errors="replace"))
+    sink = stdout or anyio.wrap_file(TextIOWrapper(sys.stdout.buffer, encoding="utf-8", line_buffering=False))
+    inbound_send, inbound_receive = anyio.create_memory_object_stream[SessionMessage | Exception](0)
+    outbound_send, outbound_receive = anyio.create_memory_object_stream[SessionMessage](0)
+    write_lock = anyio.Lock()
+
+    async def write_line(text: str) -> None:
+        async with write_lock:  # one message per line, never two interleaved
+            await sink.write(text + "\n")
+            await sink.flush()
+
+    async def read_lines() -> None:
+        async with inbound_send:
+            async for line in source:
+                if not line.strip():
+                    continue
+                parsed = parse_line(line)
+                if isinstance(parsed, types.JSONRPCError):
+                    await write_line(parsed.model_dump_json(by_alias=True, exclude_unset=True))
+                else:
+                    await inbound_send.send(SessionMessage(parsed))
+
+    async def write_messages() -> None:
+        async with outbound_receive:
+            async for message in outbound_receive:
+                outgoing = message.message
+                if isinstance(outgoing, types.JSONRPCError):  # also those made outside the middleware
+                    outgoing = outgoing.model_copy(update={"error": wire_error(outgoing.error)})
+                await write_line(outgoing.model_dump_json(by_alias=True, exclude_unset=True))
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(read_lines)
+        tg.start_soon(write_messages)
+        try:
+            yield inbound_receive, outbound_send
+        finally:
+            tg.cancel_scope.cancel()
+
+
+def parse_line(line: str) -> types.JSONRPCMessage | types.JSONRPCError:
+    """The message on ``line``, or the error that answers it.
+
+    >>> parse_line("{not json").error.message
+    'parse_error'
+    >>> error = parse_line('{"jsonrpc": "2.0", "id": 7, "method": 42}')
+    >>> error.id, error.error.code
+    (7, -32600)
+    """
+    try:
+        document = json.loads(line, parse_constant=_no_constants)
+    except ValueError:
+        return _error(None, PARSE_ERROR)
+    try:
+        message: types.JSONRPCMessage = types.jsonrpc_message_adapter.validate_python(document, by_name=False)
+    except ValidationError:
+        return _error(_request_id(document), INVALID_REQUEST)
+    return message
+
+
+def _error(request_id: Any, code: int) -> types.JSONRPCError:
+    return types.JSONRPCError(
+        jsonrpc="2.0", id=request_id, error=types.ErrorData.model_validate(error_object(code))
+    )
+
+
+def _request_id(document: Any) -> int | str | None:
+    """The id of a broken request, when it is one JSON-RPC allows (a string or an integer)."""
+    if not isinstance(document, dict):
+        return None
+    candidate = document.get("id")
+    if isinstance(candidate, bool) or not isinstance(candidate, int | str):
+        return None
+    return candidate
+
+
+def _no_constants(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _prepare_database(engine: Engine, settings: Settings) -> None:
+    """What the API does at start-up: migrate, ensure a signing key, seed a never-used catalog."""
+    database.upgrade(engine)
+    with db.session(engine) as session:
+        keys.ensure_signing_key(session, settings)
+        session.commit()
+    if settings.seed_demo_catalog:
+        ensure_demo_catalog(engine)

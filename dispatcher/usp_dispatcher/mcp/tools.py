@@ -1,0 +1,604 @@
+"""The USP MCP tools: their table (name, description, access class, ``inputSchema``) and handlers.
+
+Each tool is a thin wrapper over exactly one service function, the one its REST route calls
+(:mod:`usp_dispatcher.domain` for scheduling, :mod:`usp_dispatcher.feed` for subscriptions), with
+the same argument models as the route where there is one, and, for a state change, the same
+:func:`usp_dispatcher.domain.perform` (idempotency, one commit for the change and its events). What
+the MCP layer adds is who the caller is (:class:`ToolCall`, after ``access.authorize``):
+
+* a platform's bookings and waitlist entries carry its profile (``platform_profile``), and the
+  scoped tools touch only what the caller may (``access.may_touch_booking``); anything else is
+  answered ``booking_not_found`` / ``waitlist_entry_not_found``, exactly as an id that does not
+  exist, so one platform cannot probe another's ids;
+* feed subscriptions made over MCP belong to the caller's profile, and list/delete see only those;
+* ``usp_bookings_create`` returns a ``booking_scoped_credential`` for the new booking, bound
+  (``cnf.jkt``) to the key that signed the request, or to ``_meta.usp.platform_key`` when given.
+
+Every ``inputSchema`` admits ``_meta`` inside ``arguments`` (the binding puts ``_meta.usp`` there);
+it is taken out before the arguments are validated against the model.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from datetime import date
+from functools import partial
+from typing import Any, Final, TypeVar
+
+import anyio.to_thread
+from pydantic import BaseModel, ConfigDict, Field
+from sqlalchemy.engine import Engine
+from sqlmodel import Session
+
+from usp_receiver import jwk_thumbprint
+from usp_workers import db
+from usp_workers.models import Subscription, Transport
+from usp_workers.settings import Settings
+from usp_workers.ssrf import Resolver
+
+from .. import access, domain, feed
+from ..access import Access, Caller
+from ..domain.outcomes import booking_not_found, waitlist_entry_not_found
+from ..errors import NotFound, Refused
+from ..routes.scheduling import BookingIn, CancelIn, RescheduleIn, WaitlistIn
+from .protocol import INVALID_PARAMS, protocol_error
+from .results import CAPABILITIES, business_outcome
+
+__all__ = ["TOOLS", "TOOLS_BY_NAME", "ToolCall", "ToolSpec", "UspMeta", "read_meta"]
+
+_T = TypeVar("_T")
+_ID = Field(min_length=1, max_length=128)
+SUBSCRIPTION_NOT_FOUND: Final = "subscription_not_found"
+
+
+# ------------------------------------------------------------------------------------ the call
+
+
+class UspMeta(BaseModel):
+    """``arguments._meta.usp`` as the tools read it (``access.authorize`` reads ``profile`` and
+    ``authorization`` itself). Unknown members are allowed: the binding may grow."""
+
+    model_config = ConfigDict(extra="allow")
+
+    profile: str | None = Field(default=None, min_length=1, max_length=2048)
+    idempotency_key: str | None = Field(
+        default=None, min_length=1, max_length=domain.idempotency.MAX_KEY_LENGTH
+    )
+    correlation_id: str | None = Field(default=None, min_length=1, max_length=128, pattern=r"^[\x21-\x7e]+$")
+    platform_key: dict[str, Any] | None = Field(default=None, description="the platform's public JWK")
+    authorization: dict[str, Any] | None = None
+
+
+class _Meta(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    usp: UspMeta = Field(default_factory=UspMeta)
+
+
+def read_meta(arguments: Mapping[str, Any]) -> UspMeta:
+    """``arguments._meta.usp``; raises a pydantic ``ValidationError`` when it is malformed."""
+    raw = arguments.get("_meta")
+    return _Meta.model_validate({} if raw is None else raw).usp
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCall:
+    """One authorized call: who is calling and the binding's ``_meta.usp`` inputs."""
+
+    engine: Engine
+    settings: Settings
+    caller: Caller
+    meta: UspMeta
+    correlation_id: str | None
+    resolver: Resolver | None = None
+
+    @property
+    def principal(self) -> str:
+        """Whose namespace idempotency keys live in: the authenticated principal, else the
+        platform's profile (an unauthenticated platform, when the policy allows one)."""
+        if self.caller.principal:
+            name = self.caller.principal
+        elif self.caller.profile:
+            name = f"profile:{self.caller.profile}"
+        else:
+            return "anonymous"
+        # The key table's principal column holds 256 characters; a profile URI may hold 2048.
+        return name if len(name) <= 256 else "sha256:" + hashlib.sha256(name.encode()).hexdigest()
+
+    async def db(self, work: Callable[[Session], _T]) -> _T:
+        """Run ``work`` with a fresh session, off the event loop (the database calls block)."""
+        return await anyio.to_thread.run_sync(partial(_in_session, self.engine, work))
+
+
+def _in_session(engine: Engine, work: Callable[[Session], _T]) -> _T:
+    with db.session(engine) as session:
+        return work(session)
+
+
+Handler = Callable[[ToolCall, Any], Awaitable[dict[str, Any]]]
+
+
+@dataclass(frozen=True, slots=True)
+class ToolSpec:
+    """One tool: what ``tools/list`` shows, and what runs it."""
+
+    name: str
+    description: str
+    access: Access
+    arguments: type[BaseModel]
+    handler: Handler
+    capability: str
+
+    @property
+    def input_schema(self) -> dict[str, Any]:
+        """The arguments' JSON Schema with ``_meta`` admitted beside them."""
+        schema = self.arguments.model_json_schema()
+        schema.setdefault("properties", {})["_meta"] = _META_SCHEMA
+        schema.pop("title", None)
+        return schema
+
+
+_META_SCHEMA: Final[dict[str, Any]] = {
+    "type": "object",
+    "description": "USP request metadata: _meta.usp.profile (the platform profile URI, required on "
+    "privileged tools), idempotency_key (UUID v4 on state changes), correlation_id, authorization "
+    "({mechanism, credential, proof}), platform_key (the platform's public JWK, to bind a "
+    "booking-scoped credential to)",
+    "properties": {
+        "usp": {
+            "type": "object",
+            "properties": {
+                "profile": {"type": "string"},
+                "idempotency_key": {"type": "string"},
+                "correlation_id": {"type": "string"},
+                "authorization": {"type": "object"},
+                "platform_key": {"type": "object"},
+            },
+        }
+    },
+}
+
+
+# ------------------------------------------------------------------------------------ arguments
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class NoArguments(_Strict):
+    """``usp_catalog_list`` takes none."""
+
+
+class AvailabilityArguments(_Strict):
+    """``usp_availability_query``: the REST route's query parameters."""
+
+    service_id: str = _ID
+    start_date: date
+    end_date: date
+
+
+class BookingRef(_Strict):
+    booking_id: str = _ID
+
+
+class CancelArguments(CancelIn):
+    booking_id: str = _ID
+
+
+class RescheduleArguments(RescheduleIn):
+    booking_id: str = _ID
+
+
+class WaitlistRef(_Strict):
+    waitlist_entry_id: str = _ID
+
+
+class SubscriptionArguments(_Strict):
+    """A subscription for the caller's own profile (the profile is not an argument: it is the
+    caller's, and the events it may receive are that profile's)."""
+
+    url: str = Field(min_length=1, max_length=2048, description="where to POST events (http or https)")
+    transport: Transport = Field(
+        default=Transport.REST, description="rest: the event JSON; jsonrpc: usp_webhook"
+    )
+    event_types: list[str] = Field(
+        default_factory=lambda: ["*"], min_length=1, max_length=64, description="'*', exact types, or globs"
+    )
+
+
+class SubscriptionPage(_Strict):
+    cursor: str | None = Field(default=None, max_length=64, description="next_cursor of the previous page")
+    limit: int = Field(default=50, ge=1, le=feed.MAX_PAGE)
+
+
+class SubscriptionRef(_Strict):
+    subscription_id: str = _ID
+
+
+# ------------------------------------------------------------------------------------ handlers
+
+
+async def catalog_list(call: ToolCall, _: NoArguments) -> dict[str, Any]:
+    return await call.db(lambda session: domain.structured(domain.list_catalog(session)))
+
+
+async def availability_query(call: ToolCall, args: AvailabilityArguments) -> dict[str, Any]:
+    return await call.db(
+        lambda session: _checked(
+            lambda: domain.structured(
+                domain.query_availability(session, args.service_id, args.start_date, args.end_date)
+            )
+        )
+    )
+
+
+async def bookings_create(call: ToolCall, args: BookingIn) -> dict[str, Any]:
+    jkt = call.caller.key_thumbprint or _platform_key_thumbprint(call.meta)
+
+    def work(session: Session) -> dict[str, Any]:
+        body = _change(
+            session,
+            call,
+            lambda: domain.create_booking(
+                session,
+                args.service_id,
+                args.slot_id,
+                args.buyer,
+                correlation_id=call.correlation_id,
+                order_id=args.order_id,
+                platform_profile=call.caller.profile,
+            ),
+            operation="bookings.create",
+            arguments=args.model_dump(mode="json"),
+        )
+        if "booking" in body:  # a replayed creation gets a credential too: the first may be lost
+            body["booking_scoped_credential"] = access.issue_booking_credential(
+                session, call.settings, booking_id=body["booking"]["id"], profile=call.caller.profile, jkt=jkt
+            )
+            session.commit()
+        return body
+
+    return await call.db(work)
+
+
+async def bookings_get(call: ToolCall, args: BookingRef) -> dict[str, Any]:
+    def work(session: Session) -> dict[str, Any]:
+        if not access.may_touch_booking(session, call.caller, args.booking_id):
+            return domain.structured(booking_not_found(args.booking_id))
+        return domain.structured(domain.get_booking(session, args.booking_id))
+
+    return await call.db(work)
+
+
+async def bookings_confirm(call: ToolCall, args: BookingRef) -> dict[str, Any]:
+    return await _on_booking(
+        call,
+        args.booking_id,
+        lambda session: domain.confirm_booking(session, args.booking_id, correlation_id=call.correlation_id),
+        operation="bookings.confirm",
+        arguments={"booking_id": args.booking_id},
+    )
+
+
+async def bookings_cancel(call: ToolCall, args: CancelArguments) -> dict[str, Any]:
+    return await _on_booking(
+        call,
+        args.booking_id,
+        lambda session: domain.cancel_booking(
+            session, args.booking_id, args.reason, correlation_id=call.correlation_id
+        ),
+        operation="bookings.cancel",
+        arguments={"booking_id": args.booking_id, "reason": args.reason},
+    )
+
+
+async def bookings_reschedule(call: ToolCall, args: RescheduleArguments) -> dict[str, Any]:
+    return await _on_booking(
+        call,
+        args.booking_id,
+        lambda session: domain.reschedule_booking(
+            session, args.booking_id, args.slot_id, correlation_id=call.correlation_id
+        ),
+        operation="bookings.reschedule",
+        arguments={"booking_id": args.booking_id, "slot_id": args.slot_id},
+    )
+
+
+async def waitlist_join(call: ToolCall, args: WaitlistIn) -> dict[str, Any]:
+    return await call.db(
+        lambda session: _change(
+            session,
+            call,
+            lambda: domain.join_waitlist(
+                session,
+                args.service_id,
+                args.desired_window,
+                args.buyer,
+                correlation_id=call.correlation_id,
+                platform_profile=call.caller.profile,
+            ),
+            operation="waitlist.join",
+            arguments=args.model_dump(mode="json"),
+        )
+    )
+
+
+async def waitlist_leave(call: ToolCall, args: WaitlistRef) -> dict[str, Any]:
+    entry_id = args.waitlist_entry_id
+
+    def work(session: Session) -> dict[str, Any]:
+        if not access.may_touch_waitlist_entry(session, call.caller, entry_id):
+            return domain.structured(waitlist_entry_not_found(entry_id))
+        return _change(
+            session,
+            call,
+            lambda: domain.leave_waitlist(session, entry_id, correlation_id=call.correlation_id),
+            operation="waitlist.leave",
+            arguments={"waitlist_entry_id": entry_id},
+        )
+
+    return await call.db(work)
+
+
+async def feed_subscriptions_create(call: ToolCall, args: SubscriptionArguments) -> dict[str, Any]:
+    """The checks (the SSRF one resolves the host, so it is async) come first, as argument
+    validation does for every tool: a replay re-checks the URL before it is answered, and a
+    different request with a refused URL is ``invalid_params`` rather than a conflict."""
+    spec = feed.SubscriptionSpec(args.url, args.transport, args.event_types, call.caller.profile)
+    try:
+        checked = await feed.check_subscription(spec, call.settings, resolver=call.resolver)
+    except Refused as exc:
+        raise protocol_error(INVALID_PARAMS, exc.detail) from None
+    return await call.db(
+        lambda session: _change(
+            session,
+            call,
+            lambda: _subscription_body(feed.add_subscription(session, checked)),
+            operation="feed.subscriptions.create",
+            arguments=args.model_dump(mode="json"),
+        )
+    )
+
+
+async def feed_subscriptions_list(call: ToolCall, args: SubscriptionPage) -> dict[str, Any]:
+    def work(session: Session) -> dict[str, Any]:
+        page = feed.list_subscriptions(
+            session,
+            cursor=args.cursor,
+            limit=args.limit,
+            platform_profile=_visible_subscriptions(call.caller),
+        )
+        return {
+            "usp": {},
+            "subscriptions": [feed.subscription_view(s) for s in page.items],
+            "next_cursor": page.next_cursor,
+            "messages": [],
+        }
+
+    return await call.db(work)
+
+
+async def feed_subscriptions_delete(call: ToolCall, args: SubscriptionRef) -> dict[str, Any]:
+    def work(session: Session) -> dict[str, Any]:
+        try:
+            subscription = feed.get_subscription(session, args.subscription_id)
+        except NotFound:
+            subscription = None
+        if subscription is None or not _owns(call.caller, subscription):  # another's: not there
+            return business_outcome(
+                SUBSCRIPTION_NOT_FOUND,
+                f"There is no subscription {args.subscription_id}.",
+                path="$.subscription_id",
+            )
+        feed.delete_subscription(session, args.subscription_id)
+        session.refresh(subscription)
+        return _subscription_body(subscription)
+
+    return await call.db(work)
+
+
+# ------------------------------------------------------------------------------------ helpers
+
+
+def _checked(run: Callable[[], _T]) -> _T:
+    try:
+        return run()
+    except domain.InvalidRequest as exc:
+        raise protocol_error(INVALID_PARAMS, str(exc)) from None
+
+
+def _change(
+    session: Session,
+    call: ToolCall,
+    run: Callable[[], domain.Result | dict[str, Any]],
+    *,
+    operation: str,
+    arguments: Mapping[str, Any],
+) -> dict[str, Any]:
+    """Run a state change through ``perform`` (``_meta.usp.idempotency_key`` is the REST
+    ``Idempotency-Key``; the operation names are the REST routes', so the stored request hashes
+    mean the same in both bindings)."""
+    answer = _checked(
+        lambda: domain.perform(
+            session,
+            run,
+            operation=operation,
+            arguments=arguments,
+            idempotency_key=call.meta.idempotency_key,
+            principal=call.principal,
+        )
+    )
+    return dict(answer.body)
+
+
+async def _on_booking(
+    call: ToolCall,
+    booking_id: str,
+    run: Callable[[Session], domain.Result],
+    *,
+    operation: str,
+    arguments: Mapping[str, Any],
+) -> dict[str, Any]:
+    def work(session: Session) -> dict[str, Any]:
+        if not access.may_touch_booking(session, call.caller, booking_id):
+            return domain.structured(booking_not_found(booking_id))
+        return _change(session, call, lambda: run(session), operation=operation, arguments=arguments)
+
+    return await call.db(work)
+
+
+def _platform_key_thumbprint(meta: UspMeta) -> str | None:
+    """RFC 7638 thumbprint of ``_meta.usp.platform_key``; ``invalid_params`` when it is not a
+    public JWK (a private one is refused rather than used: it should never have been sent)."""
+    if meta.platform_key is None:
+        return None
+    jwk = meta.platform_key
+    if "d" in jwk or jwk.get("kty") == "oct":
+        raise protocol_error(
+            INVALID_PARAMS, "_meta.usp.platform_key must be a public JWK (no private members)"
+        )
+    try:
+        return jwk_thumbprint(jwk)
+    except (KeyError, TypeError, ValueError):
+        raise protocol_error(INVALID_PARAMS, "_meta.usp.platform_key is not a valid public JWK") from None
+
+
+def _owns(caller: Caller, subscription: Subscription) -> bool:
+    return caller.is_business or (
+        caller.profile is not None and subscription.platform_profile == caller.profile
+    )
+
+
+def _visible_subscriptions(caller: Caller) -> str | feed.AnyProfile:
+    """Whose subscriptions the caller may list: the business everyone's, a platform its profile's."""
+    if caller.is_business:
+        return feed.ANY_PROFILE
+    if caller.profile is None:  # authorize() requires one on these tools; never "the business's"
+        raise protocol_error(INVALID_PARAMS, "_meta.usp.profile is required")
+    return caller.profile
+
+
+def _subscription_body(subscription: Subscription) -> dict[str, Any]:
+    return {"usp": {}, "subscription": feed.subscription_view(subscription), "messages": []}
+
+
+# ------------------------------------------------------------------------------------ the table
+
+
+def _tool(
+    name: str,
+    description: str,
+    access_class: Access,
+    arguments: type[BaseModel],
+    handler: Handler,
+    family: str,
+) -> ToolSpec:
+    return ToolSpec(name, description, access_class, arguments, handler, CAPABILITIES[family])
+
+
+TOOLS: Final[tuple[ToolSpec, ...]] = (
+    _tool(
+        "usp_catalog_list",
+        "List the business's bookable services (id, name, duration, price, capacity).",
+        Access.PUBLIC,
+        NoArguments,
+        catalog_list,
+        "catalog",
+    ),
+    _tool(
+        "usp_availability_query",
+        "Find a service's slots with a free seat between two dates (inclusive, the business's "
+        "local dates), soonest first.",
+        Access.PUBLIC,
+        AvailabilityArguments,
+        availability_query,
+        "availability",
+    ),
+    _tool(
+        "usp_bookings_create",
+        "Book a slot for a buyer: a pending booking, or slot_unavailable. Returns a "
+        "booking_scoped_credential for later get/cancel/reschedule calls on this booking.",
+        Access.PRIVILEGED_PLATFORM,
+        BookingIn,
+        bookings_create,
+        "bookings",
+    ),
+    _tool(
+        "usp_bookings_get",
+        "Read a booking as it is now.",
+        Access.PRIVILEGED_SCOPED,
+        BookingRef,
+        bookings_get,
+        "bookings",
+    ),
+    _tool(
+        "usp_bookings_confirm",
+        "Confirm a pending booking (the business's own call; never with a booking-scoped credential).",
+        Access.BUSINESS_ONLY,
+        BookingRef,
+        bookings_confirm,
+        "bookings",
+    ),
+    _tool(
+        "usp_bookings_cancel",
+        "Cancel a pending or confirmed booking; its seat goes to the waitlist or back on sale.",
+        Access.PRIVILEGED_SCOPED,
+        CancelArguments,
+        bookings_cancel,
+        "bookings",
+    ),
+    _tool(
+        "usp_bookings_reschedule",
+        "Move a pending or confirmed booking to another slot of the same service.",
+        Access.PRIVILEGED_SCOPED,
+        RescheduleArguments,
+        bookings_reschedule,
+        "bookings",
+    ),
+    _tool(
+        "usp_waitlist_join",
+        "Put a buyer on a service's waitlist for a seat inside a time window; a freed seat in "
+        "the window is offered (waitlist.offered) and held for a while.",
+        Access.PRIVILEGED_PLATFORM,
+        WaitlistIn,
+        waitlist_join,
+        "waitlist",
+    ),
+    _tool(
+        "usp_waitlist_leave",
+        "Take a waitlist entry off the waitlist; a seat held for it goes to the next in line.",
+        Access.PRIVILEGED_PLATFORM,
+        WaitlistRef,
+        waitlist_leave,
+        "waitlist",
+    ),
+    _tool(
+        "usp_feed_subscriptions_create",
+        "Subscribe a webhook URL of your platform to event types (the events your profile may receive).",
+        Access.PRIVILEGED_PLATFORM,
+        SubscriptionArguments,
+        feed_subscriptions_create,
+        "feed",
+    ),
+    _tool(
+        "usp_feed_subscriptions_list",
+        "List your platform's webhook subscriptions, oldest first.",
+        Access.PRIVILEGED_PLATFORM,
+        SubscriptionPage,
+        feed_subscriptions_list,
+        "feed",
+    ),
+    _tool(
+        "usp_feed_subscriptions_delete",
+        "Delete (disable for good) one of your platform's webhook subscriptions.",
+        Access.PRIVILEGED_PLATFORM,
+        SubscriptionRef,
+        feed_subscriptions_delete,
+        "feed",
+    ),
+)
+
+TOOLS_BY_NAME: Final[dict[str, ToolSpec]] = {tool.name: tool for tool in TOOLS}

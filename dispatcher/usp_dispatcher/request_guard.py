@@ -1,0 +1,149 @@
+"""What every string a client sends must be before a route or a tool sees it: free of NUL.
+
+JSON, URLs and Python strings all carry U+0000; PostgreSQL's ``text`` refuses it, so a NUL that
+reached a query (``GET /services/availability?service_id=%00``) failed as a database error, a
+500. The rule is checked once, at the edge, for the whole app: :class:`RefuseNul`, an ASGI
+middleware, answers a ``422 invalid_request`` problem for a NUL in the path, the query or any
+string (keys included) of a JSON body; the MCP server applies the same :func:`contains_nul` to
+``tools/call`` arguments and answers ``-32602`` (its transport has its own error shape, so the
+middleware leaves the MCP endpoint alone).
+
+The body has to be read whole to be parsed, so the middleware bounds it: a body over
+:data:`MAX_BODY_BYTES` is refused with 413 before it is buffered (USP bodies are one object; the
+largest, an event, has the same bound). Only a body that can hold a NUL string is parsed: in
+UTF-8 JSON that needs the escape ``\\u0000`` (a raw control character is not valid JSON), and
+UTF-16/32 JSON has zero bytes, so any other body costs one byte search.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Collection
+from typing import Final
+from urllib.parse import unquote_to_bytes
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from .problems import problem_response
+
+__all__ = ["MAX_BODY_BYTES", "NUL_REFUSED", "RefuseNul", "contains_nul"]
+
+#: Largest request body the REST API takes.
+MAX_BODY_BYTES: Final = 1024 * 1024
+#: The human text of the refusal, over REST and MCP alike.
+NUL_REFUSED: Final = "Strings may not contain the NUL character (U+0000)"
+
+
+def contains_nul(value: object) -> bool:
+    """Whether a NUL is in any string of ``value`` (parsed JSON: dict keys and values, lists).
+
+    Iterative, so no nesting depth hides one.
+
+    >>> contains_nul({"buyer": {"name": ["Al\\x00ice"]}}), contains_nul({"n": 1, "s": "ok"})
+    (True, False)
+    """
+    pending = [value]
+    while pending:
+        item = pending.pop()
+        if isinstance(item, str):
+            if "\x00" in item:
+                return True
+        elif isinstance(item, dict):
+            pending.extend(item.keys())
+            pending.extend(item.values())
+        elif isinstance(item, list | tuple):
+            pending.extend(item)
+    return False
+
+
+class RefuseNul:
+    """ASGI middleware: 422 for a NUL in the path, query or a JSON body string; 413 for a body
+    over :data:`MAX_BODY_BYTES`. Paths in ``skip`` (the MCP endpoint) pass untouched."""
+
+    def __init__(self, app: ASGIApp, *, skip: Collection[str] = ()) -> None:
+        self.app = app
+        self.skip = frozenset(skip)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["path"] in self.skip:
+            await self.app(scope, receive, send)
+            return
+        where = _nul_in_url(scope)
+        if where is not None:
+            await _refuse_nul(where)(scope, receive, send)
+            return
+        if _declared_length(scope) > MAX_BODY_BYTES:
+            await _too_large()(scope, receive, send)
+            return
+        messages, body = await _read_body(receive)
+        if body is None:
+            await _too_large()(scope, receive, send)
+            return
+        if _json_has_nul(body):
+            await _refuse_nul("the JSON body")(scope, receive, send)
+            return
+        await self.app(scope, _replay(messages, receive), send)
+
+
+def _nul_in_url(scope: Scope) -> str | None:
+    if "\x00" in scope["path"]:
+        return "the path"
+    if b"\x00" in unquote_to_bytes(scope.get("query_string", b"")):
+        return "the query"
+    return None
+
+
+def _declared_length(scope: Scope) -> int:
+    for name, value in scope.get("headers", ()):
+        if name == b"content-length":
+            try:
+                return int(value)
+            except ValueError:
+                return 0  # the server refuses a malformed length itself
+    return 0
+
+
+async def _read_body(receive: Receive) -> tuple[list[Message], bytes | None]:
+    """The request's body messages and their bytes (``None``: more than :data:`MAX_BODY_BYTES`)."""
+    messages: list[Message] = []
+    size = 0
+    while True:
+        message = await receive()
+        messages.append(message)
+        if message["type"] != "http.request":
+            return messages, b""  # the client went away: the app hears it from the replay
+        size += len(message.get("body", b""))
+        if size > MAX_BODY_BYTES:
+            return messages, None
+        if not message.get("more_body", False):
+            return messages, b"".join(m.get("body", b"") for m in messages)
+
+
+def _json_has_nul(body: bytes) -> bool:
+    if b"\\u0000" not in body and b"\x00" not in body:
+        return False
+    try:
+        parsed = json.loads(body)
+    except (ValueError, RecursionError):
+        return False  # not JSON: the route refuses it as such
+    return contains_nul(parsed)
+
+
+def _replay(messages: list[Message], receive: Receive) -> Receive:
+    """A ``receive`` that hands out the messages already read, then the real one's."""
+    queued = list(messages)
+
+    async def replay() -> Message:
+        return queued.pop(0) if queued else await receive()
+
+    return replay
+
+
+def _refuse_nul(where: str) -> ASGIApp:
+    return problem_response(422, "invalid_request", "Invalid request", f"{NUL_REFUSED}: {where} has one.")
+
+
+def _too_large() -> ASGIApp:
+    return problem_response(
+        413, "payload_too_large", "Payload too large", f"request bodies are at most {MAX_BODY_BYTES} bytes"
+    )

@@ -1,0 +1,414 @@
+"""``/admin/*``: what on-call needs when a platform says "we never got it" (admin token).
+
+A thin layer over :mod:`usp_workers.operations`: it parses, calls, and shapes the answer as
+typed models (so ``/docs`` documents every field). Long operations (recover, redrive) answer
+``202`` with a job at once; the job runs in a worker (``usp.run_job``), and ``GET
+/admin/jobs/{id}`` shows its progress.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from datetime import datetime
+from typing import Annotated, Any, TypeVar
+
+from fastapi import APIRouter, Body, Query
+from fastapi.concurrency import run_in_threadpool
+from pydantic import BaseModel, ConfigDict, Field
+
+from usp_workers import operations, tasks
+from usp_workers.models import DeliveryStatus, SubscriptionState
+from usp_workers.operations import DeadLetterFilter, EventFilter
+
+from ..auth import AdminDep
+from ..deps import SessionDep
+from ..problems import HTTPProblem
+
+__all__ = ["router"]
+
+logger = logging.getLogger("usp_dispatcher")
+
+
+class ProblemOut(BaseModel):
+    """An RFC 9457 problem (sent as ``application/problem+json``); switch on ``reason``."""
+
+    type: str
+    title: str
+    status: int
+    detail: str
+    reason: str = Field(description="stable code, e.g. event_not_found, subscription_disabled")
+
+
+def _problems(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    what = {
+        401: "no admin token, or a wrong one",
+        404: "no such event, subscription or job",
+        409: "the subscription cannot take it (disabled, deleted, not subscribed, not in the audience)",
+        422: "invalid parameters (a cursor not ours, a time without offset, a range ending first, "
+        "a rate limit out of range)",
+        503: "the job is recorded but the broker refused it: resume it later",
+    }
+    return {status: {"model": ProblemOut, "description": what[status]} for status in statuses}
+
+
+router = APIRouter(prefix="/admin", tags=["admin"], dependencies=[AdminDep], responses=_problems(401, 422))
+
+_T = TypeVar("_T")
+_STATUS: dict[type[operations.OperationError], tuple[int, str]] = {
+    operations.NotFound: (404, "Not found"),
+    operations.Conflict: (409, "Conflict"),
+    operations.InvalidRequest: (422, "Invalid request"),
+}
+
+Cursor = Annotated[str | None, Query(max_length=256, description="next_cursor of the previous page")]
+Limit = Annotated[int, Query(ge=1, le=operations.MAX_PAGE, description="items per page")]
+Since = Annotated[datetime | None, Query(description="from this moment (inclusive, RFC 3339 with offset)")]
+Until = Annotated[datetime | None, Query(description="until this moment (exclusive)")]
+
+
+# ------------------------------------------------------------------------------- models
+
+
+class _Out(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+
+
+class AttemptOut(_Out):
+    attempt_number: int
+    started_at: datetime
+    duration_ms: float
+    status_code: int | None = Field(description="the endpoint's HTTP status (null: no answer)")
+    response_excerpt: str | None = Field(description="the first bytes of the endpoint's answer")
+    error_class: str | None = Field(description="why the try failed: timeout, connect_error, ...")
+    outcome: str = Field(description="succeeded | retry | dead | disabled")
+
+
+class DeliveryOut(_Out):
+    id: str
+    event_id: str
+    subscription_id: str
+    status: DeliveryStatus
+    attempt_count: int
+    next_attempt_at: datetime
+    last_status_code: int | None
+    last_error: str | None
+    created_at: datetime
+    completed_at: datetime | None
+    event_type: str | None = Field(default=None, description="set in dead-letter listings")
+    attempts: list[AttemptOut] = Field(default_factory=list, description="every try, oldest first")
+
+
+class EventSummaryOut(_Out):
+    id: str = Field(description="the event_id")
+    event_type: str
+    subject_id: str | None
+    correlation_id: str | None
+    order_id: str | None
+    audience: str | None = Field(description="null: public; '': the business only; else a platform profile")
+    occurred_at: datetime
+    created_at: datetime = Field(description="when the event was accepted")
+    deliveries: dict[str, int] = Field(description="delivery rows per status")
+
+
+class EventPage(BaseModel):
+    items: list[EventSummaryOut]
+    next_cursor: str | None
+
+
+class EventDetailOut(_Out):
+    event: EventSummaryOut
+    payload: dict[str, Any] = Field(description="the event exactly as delivered")
+    deliveries: list[DeliveryOut] = Field(description="every delivery, replays included, oldest first")
+
+
+class DeliveryPage(BaseModel):
+    items: list[DeliveryOut]
+    next_cursor: str | None
+
+
+class ReplayIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    subscription_id: str | None = Field(
+        default=None,
+        max_length=40,
+        description="only this subscription (it need not have had the event: back-fill); "
+        "omitted: every active subscription the event matches and reaches",
+    )
+
+
+class DeliveryRef(BaseModel):
+    id: str
+    subscription_id: str
+
+
+class ReplayOut(BaseModel):
+    event_id: str
+    deliveries: list[DeliveryRef] = Field(description="the new deliveries (earlier ones are kept)")
+
+
+class RecoverIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    since: datetime = Field(description="events accepted from this moment (inclusive)")
+    until: datetime | None = Field(default=None, description="until this moment (exclusive); omitted: now")
+
+
+class RedriveIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    subscription_id: str | None = Field(default=None, max_length=40)
+    event_type: str | None = Field(default=None, max_length=64)
+    since: datetime | None = None
+    until: datetime | None = None
+
+
+class JobOut(_Out):
+    id: str
+    kind: str = Field(description="recover | redrive")
+    status: str = Field(description="running | succeeded | failed")
+    params: dict[str, Any]
+    total: int = Field(description="deliveries to handle, counted at the start (exact once finished)")
+    processed: int
+    error: str | None
+    created_at: datetime
+    updated_at: datetime
+    finished_at: datetime | None
+
+
+class SubscriptionHealthOut(_Out):
+    id: str
+    url: str
+    platform_profile: str | None
+    event_types: list[str]
+    state: SubscriptionState
+    disabled_reason: str | None
+    breaker_state: str = Field(description="closed | open | half_open")
+    breaker_until: datetime | None
+    rate_limit: int | None = Field(description="deliveries per second at most (null: unlimited)")
+    consecutive_failures: int
+    failing_since: datetime | None
+    last_success_at: datetime | None
+    last_failure_at: datetime | None
+    recent_attempts: int = Field(description="attempts in the last 24 hours")
+    success_rate: float | None = Field(description="share of those that succeeded (null: none)")
+    pending: int = Field(description="deliveries waiting to be tried")
+    dead: int = Field(description="deliveries in the dead letter")
+
+
+class RateLimitIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    per_second: int | None = Field(
+        strict=True,
+        description="deliveries started per second at most, across every worker (1 to "
+        f"{operations.MAX_RATE_LIMIT}); null lifts the limit",
+    )
+
+
+class SubscriptionPage(BaseModel):
+    items: list[SubscriptionHealthOut]
+    next_cursor: str | None
+
+
+# ------------------------------------------------------------------------------- events
+
+
+@router.get("/events", response_model=EventPage)
+async def list_events(
+    session: SessionDep,
+    event_type: Annotated[str | None, Query(max_length=64)] = None,
+    subject_id: Annotated[
+        str | None, Query(max_length=128, description="booking, service or entry id")
+    ] = None,
+    correlation_id: Annotated[str | None, Query(max_length=128)] = None,
+    since: Since = None,
+    until: Until = None,
+    delivery_status: Annotated[
+        DeliveryStatus | None, Query(description="only events with a delivery in this status")
+    ] = None,
+    cursor: Cursor = None,
+    limit: Limit = 50,
+) -> EventPage:
+    """Events, newest first, with how their deliveries stand."""
+    filters = EventFilter(event_type, subject_id, correlation_id, since, until, delivery_status)
+    page = await _run(operations.list_events, session, filters, cursor=cursor, limit=limit)
+    return EventPage(
+        items=[EventSummaryOut.model_validate(item) for item in page.items], next_cursor=page.next_cursor
+    )
+
+
+@router.get("/events/{event_id}", response_model=EventDetailOut, responses=_problems(404))
+async def get_event(event_id: str, session: SessionDep) -> EventDetailOut:
+    """One event, its payload, every delivery of it and every attempt of each."""
+    return EventDetailOut.model_validate(await _run(operations.event_detail, session, event_id))
+
+
+@router.post(
+    "/events/{event_id}/replay", status_code=202, response_model=ReplayOut, responses=_problems(404, 409)
+)
+async def replay_event(
+    event_id: str, session: SessionDep, body: Annotated[ReplayIn | None, Body()] = None
+) -> ReplayOut:
+    """Deliver the event again (same ``event_id``, signed afresh) as new deliveries: to one
+    subscription, or to every active subscription it matches and reaches. Earlier deliveries and
+    their attempts are kept. 409 when the named subscription is disabled, not subscribed to the
+    type, or not in the event's audience."""
+    subscription_id = body.subscription_id if body is not None else None
+    replayed = await _run(operations.replay_event, session, event_id, subscription_id=subscription_id)
+    return ReplayOut(
+        event_id=replayed.event_id,
+        deliveries=[DeliveryRef(id=d, subscription_id=s) for d, s in replayed.deliveries],
+    )
+
+
+# ------------------------------------------------------------------------------- dead letter
+
+
+@router.get("/dead-letter", response_model=DeliveryPage)
+async def list_dead_letter(
+    session: SessionDep,
+    subscription_id: Annotated[str | None, Query(max_length=40)] = None,
+    event_type: Annotated[str | None, Query(max_length=64)] = None,
+    since: Since = None,
+    until: Until = None,
+    cursor: Cursor = None,
+    limit: Limit = 50,
+) -> DeliveryPage:
+    """Dead deliveries, newest first."""
+    filters = DeadLetterFilter(subscription_id, event_type, since, until)
+    page = await _run(operations.dead_letter, session, filters, cursor=cursor, limit=limit)
+    return DeliveryPage(
+        items=[DeliveryOut.model_validate(item) for item in page.items], next_cursor=page.next_cursor
+    )
+
+
+@router.post("/dead-letter/redrive", status_code=202, response_model=JobOut, responses=_problems(404, 503))
+async def redrive_dead_letter(
+    session: SessionDep, body: Annotated[RedriveIn | None, Body()] = None
+) -> JobOut:
+    """Re-deliver the dead letter (all of it, or filtered) to active subscriptions, as a job."""
+    request = body if body is not None else RedriveIn()
+    filters = DeadLetterFilter(request.subscription_id, request.event_type, request.since, request.until)
+    return await _started(await _run(operations.start_redrive, session, filters))
+
+
+# ------------------------------------------------------------------------------- jobs
+
+
+@router.get("/jobs/{job_id}", response_model=JobOut, responses=_problems(404))
+async def get_job(job_id: str, session: SessionDep) -> JobOut:
+    """A recover or redrive job and its progress."""
+    return JobOut.model_validate(await _run(operations.get_job, session, job_id))
+
+
+@router.post("/jobs/{job_id}/resume", status_code=202, response_model=JobOut, responses=_problems(404, 503))
+async def resume_job(job_id: str, session: SessionDep) -> JobOut:
+    """Send a running or failed job to the workers again (its worker died, its hand-off or a
+    batch failed): it continues after its last committed batch. A finished job is answered as is."""
+    job = await _run(operations.resume_job, session, job_id)
+    return await _started(job)
+
+
+# ------------------------------------------------------------------------------- subscriptions
+
+
+@router.get("/subscriptions", response_model=SubscriptionPage)
+async def list_subscriptions(
+    session: SessionDep, state: SubscriptionState | None = None, cursor: Cursor = None, limit: Limit = 50
+) -> SubscriptionPage:
+    """Subscriptions, oldest first, with their health."""
+    page = await _run(operations.list_subscriptions, session, state=state, cursor=cursor, limit=limit)
+    return SubscriptionPage(
+        items=[SubscriptionHealthOut.model_validate(item) for item in page.items],
+        next_cursor=page.next_cursor,
+    )
+
+
+@router.get(
+    "/subscriptions/{subscription_id}", response_model=SubscriptionHealthOut, responses=_problems(404)
+)
+async def get_subscription(subscription_id: str, session: SessionDep) -> SubscriptionHealthOut:
+    return SubscriptionHealthOut.model_validate(
+        await _run(operations.subscription_health, session, subscription_id)
+    )
+
+
+@router.post(
+    "/subscriptions/{subscription_id}/disable", response_model=SubscriptionHealthOut, responses=_problems(404)
+)
+async def disable_subscription(subscription_id: str, session: SessionDep) -> SubscriptionHealthOut:
+    """Stop delivering to the subscription (its pending deliveries go to the dead letter unsent)."""
+    health = await _run(operations.set_subscription_state, session, subscription_id, enabled=False)
+    return SubscriptionHealthOut.model_validate(health)
+
+
+@router.post(
+    "/subscriptions/{subscription_id}/enable",
+    response_model=SubscriptionHealthOut,
+    responses=_problems(404, 409),
+)
+async def enable_subscription(subscription_id: str, session: SessionDep) -> SubscriptionHealthOut:
+    """Deliver to the subscription again, with its failure streak cleared and its breaker closed
+    (then ``recover`` what it missed). 409 for a deleted subscription."""
+    health = await _run(operations.set_subscription_state, session, subscription_id, enabled=True)
+    return SubscriptionHealthOut.model_validate(health)
+
+
+@router.put(
+    "/subscriptions/{subscription_id}/rate-limit",
+    response_model=SubscriptionHealthOut,
+    responses=_problems(404),
+)
+async def set_rate_limit(
+    subscription_id: str, body: RateLimitIn, session: SessionDep
+) -> SubscriptionHealthOut:
+    """Limit how many deliveries to the subscription start in any one second, whatever the
+    number of workers (null: no limit). Deliveries over the limit wait for a free second without
+    spending an attempt. 422 (``invalid_rate_limit``) below 1 or above the maximum."""
+    health = await _run(operations.set_rate_limit, session, subscription_id, body.per_second)
+    return SubscriptionHealthOut.model_validate(health)
+
+
+@router.post(
+    "/subscriptions/{subscription_id}/recover",
+    status_code=202,
+    response_model=JobOut,
+    responses=_problems(404, 409, 503),
+)
+async def recover_subscription(subscription_id: str, body: RecoverIn, session: SessionDep) -> JobOut:
+    """Re-deliver every failed or dead delivery of the subscription for events accepted in
+    ``[since, until)``, as a job (no cap: it streams in batches). 409 when it is disabled."""
+    job = await _run(operations.start_recover, session, subscription_id, since=body.since, until=body.until)
+    return await _started(job)
+
+
+# ------------------------------------------------------------------------------- helpers
+
+
+async def _run(function: Callable[..., _T], *args: Any, **kwargs: Any) -> _T:
+    """Run an operation off the event loop; its refusals become problems."""
+    try:
+        return await run_in_threadpool(function, *args, **kwargs)
+    except operations.OperationError as exc:
+        status, title = next(v for k, v in _STATUS.items() if isinstance(exc, k))
+        raise HTTPProblem(status, exc.reason, title, exc.detail) from None
+
+
+async def _started(job: operations.JobView) -> JobOut:
+    """Hand a recorded job to the workers; 503 (naming the job, to resume) when the broker refuses."""
+    if job.status == "running":
+        try:
+            await run_in_threadpool(tasks.enqueue_job, job.id)
+        except Exception:
+            logger.exception("could not send job %s to the workers", job.id)
+            raise HTTPProblem(
+                503,
+                "broker_unavailable",
+                "Service unavailable",
+                f"job {job.id} is recorded but could not be sent to the workers; "
+                f"POST /admin/jobs/{job.id}/resume once the broker is back",
+                extra={"job_id": job.id},
+            ) from None
+    return JobOut.model_validate(job)

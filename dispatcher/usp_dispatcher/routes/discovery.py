@@ -1,0 +1,72 @@
+"""``GET /.well-known/usp``: the business profile, where a platform starts.
+
+One document says what a platform needs before its first call: the protocol version and
+capabilities, where the MCP endpoint (and the REST API) is, every MCP tool with its access class,
+how to authenticate (the AuthorizationPolicy: the mechanism set is the same for both bindings),
+and, for webhooks, the event types and the JWKS their signatures verify against. Public, and
+cacheable for a few minutes: it changes only with a deployment or a policy change.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Final
+
+from fastapi import APIRouter
+from fastapi.responses import JSONResponse
+
+from usp_schemas import EVENT_TYPES, USP_VERSION
+from usp_workers.settings import Settings
+
+from .. import access
+from ..deps import SettingsDep
+from ..mcp.results import CAPABILITIES
+from ..mcp.tools import TOOLS
+
+__all__ = ["WEBHOOK_CAPABILITY", "business_profile", "router"]
+
+#: The outbound-webhook capability (the receiver's MCP extension uses the same identifier).
+WEBHOOK_CAPABILITY: Final = "dev.usp-protocol/webhooks"
+_MAX_AGE: Final = 300
+
+router = APIRouter(tags=["discovery"])
+
+
+@router.get("/.well-known/usp", summary="The business profile (USP discovery)")
+def discovery(settings: SettingsDep) -> JSONResponse:
+    """Version, capabilities, endpoints, MCP tools with access classes, AuthorizationPolicy,
+    webhook event types and JWKS."""
+    return JSONResponse(business_profile(settings), headers={"Cache-Control": f"public, max-age={_MAX_AGE}"})
+
+
+def business_profile(settings: Settings) -> dict[str, Any]:
+    """The document ``/.well-known/usp`` serves."""
+    base = settings.public_base_url.rstrip("/")
+    capabilities = {name: [{"version": USP_VERSION}] for name in (*CAPABILITIES.values(), WEBHOOK_CAPABILITY)}
+    return {
+        "usp": {"version": USP_VERSION, "capabilities": capabilities},
+        "bindings": {
+            "mcp": {
+                "endpoint": f"{base}/mcp",
+                "transports": ["streamable_http", "stdio"],
+                "stdio_command": "usp-webhooks mcp",
+            },
+            "rest": {"endpoint": f"{base}/services"},
+        },
+        "tools": [
+            {
+                "name": tool.name,
+                "description": tool.description,
+                "x-usp-access": tool.access.value,
+                "capability": tool.capability,
+            }
+            for tool in TOOLS
+        ],
+        "authorization": access.policy_document(settings),
+        "webhooks": {
+            "jwks_uri": f"{base}/.well-known/usp/jwks.json",
+            "signatures_directory": f"{base}/.well-known/http-message-signatures-directory",
+            "event_types": list(EVENT_TYPES),
+            "transports": ["rest", "jsonrpc", "mcp"],
+            "subscriptions": f"{base}/services/feed/subscriptions",
+        },
+    }

@@ -1,0 +1,54 @@
+"""``GET /metrics``: the delivery engine's state in the Prometheus text format.
+
+The numbers are read from the database at scrape time (:mod:`usp_workers.metrics`), so one API
+replica reports the whole fleet; scrape any one of them.
+
+Access: the admin token is required by default (``Authorization: Bearer <USP_ADMIN_TOKEN>``;
+Prometheus sends it with ``authorization: {credentials_file: ...}``). The metrics carry no
+secrets, but they do reveal subscription ids, event types and traffic volumes, which a business
+may not want public. ``USP_METRICS_PUBLIC=true`` serves them without a token, for a scraper on
+a private network that cannot hold one; keep the port off the internet then.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Response
+from fastapi.concurrency import run_in_threadpool
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from prometheus_client import CONTENT_TYPE_LATEST
+from sqlalchemy.engine import Engine
+
+from usp_workers import metrics
+
+from ..auth import require_admin
+from ..deps import SettingsDep, get_engine
+
+__all__ = ["router"]
+
+_bearer = HTTPBearer(auto_error=False, scheme_name="AdminToken", description="USP_ADMIN_TOKEN")
+
+
+def metrics_access(
+    settings: SettingsDep,
+    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
+) -> None:
+    """The admin token, unless ``USP_METRICS_PUBLIC`` opens the endpoint."""
+    if not settings.metrics_public:
+        require_admin(settings, credentials)
+
+
+router = APIRouter(tags=["operations"], dependencies=[Depends(metrics_access)])
+
+
+@router.get(
+    "/metrics",
+    response_class=Response,
+    responses={200: {"content": {CONTENT_TYPE_LATEST: {}}, "description": "Prometheus text format"}},
+)
+async def get_metrics(settings: SettingsDep, engine: Annotated[Engine, Depends(get_engine)]) -> Response:
+    """Deliveries by status and event type, queue depth and backlog age, dead-letter size, the
+    attempt latency histogram (recent window), and each subscription's breaker state."""
+    body = await run_in_threadpool(metrics.render, engine, settings)
+    return Response(content=body, media_type=CONTENT_TYPE_LATEST)

@@ -1,0 +1,368 @@
+"""Agents authenticated by RFC 9421 signatures (Web Bot Auth): the key directory is fetched from
+the Signature-Agent origin (a real uvicorn on 127.0.0.1) and the signature checked against it."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from sqlalchemy.engine import Engine
+
+from usp_dispatcher.access import (
+    AccessError,
+    DirectoryCache,
+    Identity,
+    agent_signature_headers,
+    authenticate_http,
+    issue_api_key,
+    issue_booking_credential,
+    verify_agent_signature,
+)
+from usp_dispatcher.access.signatures import parse_signature_agent
+from usp_receiver import SigningKey, content_digest, jwk_thumbprint, sign_message
+from usp_workers import db
+from usp_workers.settings import Settings
+
+from ..conftest import ADMIN_TOKEN, MakeSettings
+from .conftest import Agent
+
+pytestmark = pytest.mark.anyio
+
+URL = "https://shop.example/mcp"
+BODY = b'{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"usp_bookings_get"}}'
+JSON = {"Content-Type": "application/json"}
+
+
+def signed(
+    agent: Agent, *, body: bytes = BODY, key: SigningKey | None = None, created: int | None = None
+) -> dict[str, str]:
+    return JSON | agent_signature_headers(
+        "POST", URL, JSON, body, key or agent.key, signature_agent=agent.origin, created=created
+    )
+
+
+async def verify(
+    agent: Agent,
+    headers: dict[str, str],
+    settings: Settings,
+    directories: DirectoryCache,
+    *,
+    body: bytes = BODY,
+) -> Identity:
+    return await verify_agent_signature(
+        "POST", URL, headers, body, settings=settings, directories=directories
+    )
+
+
+async def refused(
+    agent: Agent,
+    headers: dict[str, str],
+    settings: Settings,
+    directories: DirectoryCache,
+    *,
+    body: bytes = BODY,
+) -> str:
+    with pytest.raises(AccessError) as caught:
+        await verify(agent, headers, settings, directories, body=body)
+    assert caught.value.code == -32001
+    return caught.value.detail
+
+
+async def test_valid_signature_is_the_agent(
+    agent: Agent, settings: Settings, directories: DirectoryCache
+) -> None:
+    identity = await verify(agent, signed(agent), settings, directories)
+    assert identity.principal == f"agent:{agent.origin}"
+    assert identity.mechanism == "http_message_signatures"
+    assert identity.key_thumbprint == jwk_thumbprint(agent.key.public.jwk)
+
+
+async def test_directory_is_cached(agent: Agent, settings: Settings, directories: DirectoryCache) -> None:
+    await verify(agent, signed(agent), settings, directories)
+    await verify(agent, signed(agent), settings, directories)
+    assert agent.fetches == 1
+
+
+async def test_tampered_body_is_refused(
+    agent: Agent, settings: Settings, directories: DirectoryCache
+) -> None:
+    headers = signed(agent)
+    detail = await refused(agent, headers, settings, directories, body=BODY.replace(b"get", b"cancel"))
+    assert "digest_mismatch" in detail
+
+
+async def test_tampered_digest_and_body_are_refused(
+    agent: Agent, settings: Settings, directories: DirectoryCache
+) -> None:
+    other = BODY.replace(b"get", b"cancel")
+    headers = signed(agent) | {"Content-Digest": content_digest(other)}
+    assert "bad_signature" in await refused(agent, headers, settings, directories, body=other)
+
+
+async def test_other_path_is_refused(agent: Agent, settings: Settings, directories: DirectoryCache) -> None:
+    with pytest.raises(AccessError):
+        await verify_agent_signature(
+            "POST",
+            "https://shop.example/admin",
+            signed(agent),
+            BODY,
+            settings=settings,
+            directories=directories,
+        )
+
+
+async def test_unknown_key_is_refused(agent: Agent, settings: Settings, directories: DirectoryCache) -> None:
+    stranger = SigningKey.generate()
+    assert "unknown_key" in await refused(agent, signed(agent, key=stranger), settings, directories)
+
+
+async def test_stale_signature_is_refused(
+    agent: Agent, settings: Settings, directories: DirectoryCache
+) -> None:
+    headers = signed(agent, created=int(time.time()) - 301)
+    assert "stale" in await refused(agent, headers, settings, directories)
+
+
+async def test_future_signature_is_refused(
+    agent: Agent, settings: Settings, directories: DirectoryCache
+) -> None:
+    headers = signed(agent, created=int(time.time()) + 120)
+    assert "future" in await refused(agent, headers, settings, directories)
+
+
+async def test_a_directory_without_the_key_is_refused(
+    agent: Agent, settings: Settings, directories: DirectoryCache
+) -> None:
+    agent.directory = {"keys": [dict(SigningKey.generate().public.jwk)]}
+    assert "unknown_key" in await refused(agent, signed(agent), settings, directories)
+
+
+async def test_a_missing_directory_is_refused(
+    agent: Agent, settings: Settings, directories: DirectoryCache
+) -> None:
+    agent.status = 404
+    assert "404" in await refused(agent, signed(agent), settings, directories)
+
+
+async def test_a_directory_that_is_not_a_jwks_is_refused(
+    agent: Agent, settings: Settings, directories: DirectoryCache
+) -> None:
+    agent.directory = {"not": "a jwks"}
+    assert "not a JWKS" in await refused(agent, signed(agent), settings, directories)
+
+
+async def test_another_agents_directory_does_not_vouch(
+    agent: Agent, settings: Settings, directories: DirectoryCache
+) -> None:
+    """A request signed by one agent but naming another's origin finds no key there."""
+    impostor = SigningKey.generate()
+    headers = JSON | agent_signature_headers("POST", URL, JSON, BODY, impostor, signature_agent=agent.origin)
+    assert "unknown_key" in await refused(agent, headers, settings, directories)
+
+
+async def test_swapped_signature_agent_is_refused(
+    agent: Agent, settings: Settings, directories: DirectoryCache
+) -> None:
+    """Signature-Agent is covered: pointing a captured request at a directory that republishes the
+    public key (the directory is public) breaks the signature."""
+    headers = signed(agent)
+    copy_origin = agent.origin.replace("127.0.0.1", "localhost")
+    headers["Signature-Agent"] = f'"{copy_origin}"'
+    with pytest.raises(AccessError):
+        await verify(agent, headers, settings, directories)
+
+
+async def test_signature_must_cover_signature_agent(
+    agent: Agent, settings: Settings, directories: DirectoryCache
+) -> None:
+    headers = JSON | {"Signature-Agent": f'"{agent.origin}"', "Content-Digest": content_digest(BODY)}
+    member = sign_message(
+        "POST",
+        URL,
+        headers,
+        agent.key,
+        label="sig1",
+        components=("@method", "@authority", "@path", "content-digest"),
+        created=int(time.time()),
+        tag="web-bot-auth",
+    )
+    headers |= {"Signature-Input": member.signature_input, "Signature": member.signature}
+    assert "Signature-Agent" in await refused(agent, headers, settings, directories)
+
+
+async def test_signature_must_cover_the_digest_of_a_body(
+    agent: Agent, settings: Settings, directories: DirectoryCache
+) -> None:
+    headers = JSON | {"Signature-Agent": f'"{agent.origin}"', "Content-Digest": content_digest(BODY)}
+    member = sign_message(
+        "POST",
+        URL,
+        headers,
+        agent.key,
+        label="sig1",
+        components=("@method", "@authority", "@path", "signature-agent"),
+        created=int(time.time()),
+    )
+    headers |= {"Signature-Input": member.signature_input, "Signature": member.signature}
+    assert "missing_component" in await refused(agent, headers, settings, directories)
+
+
+async def test_dictionary_signature_agent(
+    agent: Agent, settings: Settings, directories: DirectoryCache
+) -> None:
+    headers = JSON | {"Signature-Agent": f'agent1="{agent.origin}"', "Content-Digest": content_digest(BODY)}
+    member = sign_message(
+        "POST",
+        URL,
+        headers,
+        agent.key,
+        label="sig1",
+        components=("@method", "@authority", "@path", '"signature-agent";key="agent1"', "content-digest"),
+        created=int(time.time()),
+        tag="web-bot-auth",
+    )
+    headers |= {"Signature-Input": member.signature_input, "Signature": member.signature}
+    identity = await verify(agent, headers, settings, directories)
+    assert identity.principal == f"agent:{agent.origin}"
+
+
+async def test_other_tag_is_refused(agent: Agent, settings: Settings, directories: DirectoryCache) -> None:
+    headers = JSON | agent_signature_headers(
+        "POST", URL, JSON, BODY, agent.key, signature_agent=agent.origin, tag="usp-webhook"
+    )
+    assert "tag_mismatch" in await refused(agent, headers, settings, directories)
+
+
+async def test_signature_without_signature_agent_is_refused(
+    agent: Agent, settings: Settings, directories: DirectoryCache
+) -> None:
+    headers = signed(agent)
+    del headers["Signature-Agent"]
+    assert "Signature-Agent" in await refused(agent, headers, settings, directories)
+
+
+async def test_plain_http_agents_need_development_mode(
+    agent: Agent, make_settings: MakeSettings, directories: DirectoryCache
+) -> None:
+    strict = make_settings(allow_private_targets=False)
+    assert "https" in await refused(agent, signed(agent), strict, directories)
+    assert agent.fetches == 0
+
+
+async def test_private_addresses_are_not_fetched(
+    agent: Agent, make_settings: MakeSettings, directories: DirectoryCache
+) -> None:
+    """With https required the name would still be checked: a loopback target is never fetched."""
+    headers = JSON | agent_signature_headers(
+        "POST", URL, JSON, BODY, agent.key, signature_agent="https://127.0.0.1:1"
+    )
+    assert "permitted" in await refused(
+        agent, headers, make_settings(allow_private_targets=False), directories
+    )
+
+
+def test_parse_signature_agent_forms() -> None:
+    assert parse_signature_agent('"https://A.example:443/x"').origin == "https://a.example"
+    assert parse_signature_agent("https://a.example:8443").directory_url == (
+        "https://a.example:8443/.well-known/http-message-signatures-directory"
+    )
+    for bad in (
+        '"ftp://a.example"',
+        '"https://u:p@a.example"',
+        'a="https://a", b="https://b"',
+        '"http://a.example"',
+    ):
+        with pytest.raises(AccessError):
+            parse_signature_agent(bad)
+
+
+# --------------------------------------------------------------------- authenticate_http
+
+
+async def test_http_bearer_api_key(migrated: Engine, settings: Settings) -> None:
+    with db.session(migrated) as session:
+        token = issue_api_key(session, "acme")
+    headers = {"Authorization": f"Bearer {token}"}
+    identity = await authenticate_http("POST", URL, headers, BODY, engine=migrated, settings=settings)
+    assert identity == Identity("key:acme", "bearer")
+
+
+async def test_http_admin_token(migrated: Engine, settings: Settings) -> None:
+    headers = {"authorization": f"bearer {ADMIN_TOKEN}"}
+    identity = await authenticate_http("POST", URL, headers, BODY, engine=migrated, settings=settings)
+    assert identity is not None
+    assert identity.is_business
+
+
+async def test_http_nothing_presented(migrated: Engine, settings: Settings) -> None:
+    assert await authenticate_http("POST", URL, JSON, BODY, engine=migrated, settings=settings) is None
+
+
+@pytest.mark.parametrize("value", ["Bearer uspk_nope", "Basic YWxhZGRpbjpvcGVuc2VzYW1l", "Bearer "])
+async def test_http_bad_authorization(migrated: Engine, settings: Settings, value: str) -> None:
+    with pytest.raises(AccessError) as caught:
+        await authenticate_http(
+            "POST", URL, {"Authorization": value}, BODY, engine=migrated, settings=settings
+        )
+    assert caught.value.code == -32001
+
+
+async def test_http_signature(
+    agent: Agent, migrated: Engine, settings: Settings, directories: DirectoryCache
+) -> None:
+    identity = await authenticate_http(
+        "POST", URL, signed(agent), BODY, engine=migrated, settings=settings, directories=directories
+    )
+    assert identity is not None
+    assert identity.principal == f"agent:{agent.origin}"
+
+
+async def test_http_bad_signature_is_refused_even_with_a_good_bearer(
+    agent: Agent, migrated: Engine, settings: Settings, directories: DirectoryCache
+) -> None:
+    headers = signed(agent, created=int(time.time()) - 1000) | {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+    with pytest.raises(AccessError):
+        await authenticate_http(
+            "POST", URL, headers, BODY, engine=migrated, settings=settings, directories=directories
+        )
+
+
+async def test_http_signatures_ignored_when_not_offered(
+    agent: Agent, migrated: Engine, make_settings: MakeSettings, directories: DirectoryCache
+) -> None:
+    settings = make_settings(auth_mechanisms=("bearer",))
+    identity = await authenticate_http(
+        "POST", URL, signed(agent), BODY, engine=migrated, settings=settings, directories=directories
+    )
+    assert identity is None
+    assert agent.fetches == 0
+
+
+async def test_agent_key_rotation_is_picked_up_on_an_unknown_keyid(agent: Agent, settings: Settings) -> None:
+    """A keyid the cached directory lacks refetches it (here at once: retry_after=0)."""
+    cache = DirectoryCache(retry_after=0)
+    await verify(agent, signed(agent), settings, cache)
+    rotated = SigningKey.generate()
+    agent.directory = {"keys": [dict(rotated.public.jwk)]}
+    identity = await verify(agent, signed(agent, key=rotated), settings, cache)
+    assert identity.key_thumbprint == jwk_thumbprint(rotated.public.jwk)
+    assert agent.fetches == 2
+
+
+async def test_unknown_keyid_does_not_refetch_within_retry_after(
+    agent: Agent, settings: Settings, directories: DirectoryCache
+) -> None:
+    await verify(agent, signed(agent), settings, directories)
+    for _ in range(3):
+        await refused(agent, signed(agent, key=SigningKey.generate()), settings, directories)
+    assert agent.fetches == 1
+
+
+async def test_http_booking_credential_as_bearer_is_not_an_identity(
+    migrated: Engine, settings: Settings
+) -> None:
+    """Booking credentials travel in _meta.usp.authorization; in the header they count as absent."""
+    with db.session(migrated) as session:
+        issued = issue_booking_credential(session, settings, booking_id="bkg_1", profile=None, jkt="thumb")
+    headers = {"Authorization": f"Bearer {issued['credential']}"}
+    assert await authenticate_http("POST", URL, headers, BODY, engine=migrated, settings=settings) is None

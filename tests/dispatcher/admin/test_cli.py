@@ -1,0 +1,266 @@
+"""The operator commands end to end: CLI → admin API (uvicorn) → broker → a real Celery worker
+subprocess → a receiver on a real server that verifies every signature.
+
+The API serves the test's database (SQLite file or PostgreSQL schema) with the embedded broker;
+the worker is ``celery -A usp_workers.celery_app worker`` configured only by ``USP_*``
+variables, as deployed. Commands run in-process through Typer's ``CliRunner`` and reach the API
+over HTTP like an operator's terminal would.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import sqlalchemy as sa
+from sqlalchemy.engine import Engine
+from sqlmodel import Session, col, select
+from typer.testing import CliRunner, Result
+
+from tests.workers.conftest import hub_server
+from tests.workers.endpoints import Answer, Hub, UspReceiver
+from tests.workers.support import Pipeline, WorkerProcess
+from usp_dispatcher import cli
+from usp_dispatcher.app import create_app
+from usp_dispatcher.cli_admin import sample_event
+from usp_receiver import JWKS
+from usp_schemas import EVENT_TYPES, parse_event
+from usp_workers.models import Delivery, DeliveryStatus, Subscription
+
+from ..conftest import ADMIN, ADMIN_TOKEN, MakeSettings, Serve
+
+WAIT = 60.0
+
+
+@dataclass
+class Live:
+    """A running service: its API's base URL, the database, the receivers' server."""
+
+    base: str
+    engine: Engine
+    hub: Hub
+    jwks: JWKS
+    worker: WorkerProcess
+
+    def run(self, *args: str, token: str | None = ADMIN_TOKEN) -> Result:
+        env = {"USP_ADMIN_URL": self.base, "COLUMNS": "300"}
+        env["USP_ADMIN_TOKEN"] = token or ""
+        return CliRunner().invoke(cli.app, list(args), env=env)
+
+    def ok(self, *args: str) -> str:
+        result = self.run(*args)
+        assert result.exit_code == 0, result.output
+        return result.output
+
+    def subscribe(self, url: str, **extra: Any) -> str:
+        response = httpx.post(
+            self.base + "/services/feed/subscriptions", json={"url": url, **extra}, headers=ADMIN
+        )
+        assert response.status_code == 201, response.text
+        return str(response.json()["id"])
+
+    def endpoint(self, name: str, app: Any) -> tuple[str, str]:
+        path = f"/cli/{name}"
+        self.hub.routes[path] = app
+        return f"http://127.0.0.1:{self.hub.port}{path}", path
+
+
+@pytest.fixture
+def live(make_settings: MakeSettings, serve: Serve, engine: Engine, tmp_path: Path) -> Iterator[Live]:
+    settings = make_settings(retry_schedule=(0.2, 0.2), retry_jitter=0.0)
+    base = serve(create_app(settings))
+    jwks = JWKS.from_dict(httpx.get(base + "/.well-known/usp/jwks.json").json())
+    fields = {
+        "database_url": settings.database_url,
+        "broker_url": settings.broker_url,
+        "allow_private_targets": True,
+        "retry_schedule": (0.2, 0.2),
+        "retry_jitter": 0.0,
+        "connect_timeout": 2.0,
+        "total_timeout": 5.0,
+    }
+    worker = WorkerProcess(Pipeline(fields, engine, tmp_path, "embedded"), "worker")
+    try:
+        worker.wait_ready()
+        with hub_server() as hub:
+            yield Live(base, engine, hub, jwks, worker)
+    finally:
+        code = worker.stop()
+        print(f"----- worker (exit {code}) -----\n{worker.output()}")
+
+
+def wait_until(condition: Callable[[], bool], what: str, live: Live) -> None:
+    deadline = time.monotonic() + WAIT
+    while not condition():
+        if time.monotonic() > deadline:
+            pytest.fail(f"not within {WAIT} s: {what}\n{live.worker.output()}")
+        time.sleep(0.05)
+
+
+def event_id_in(output: str) -> str:
+    found = re.search(r"evt_[0-9a-f]{32}", output)
+    assert found, output
+    return found.group(0)
+
+
+def test_trigger_then_replay_end_to_end(live: Live) -> None:
+    receiver = UspReceiver(live.jwks)
+    url, path = live.endpoint("replay", receiver)
+    subscription = live.subscribe(url)
+
+    triggered = live.ok("trigger", "booking.confirmed")
+    event_id = event_id_in(triggered)
+    assert "1 deliveries" in triggered
+    wait_until(lambda: receiver.handled == [event_id], "the triggered event delivered", live)
+
+    replayed = live.ok("replay", event_id)
+    assert f"replaying {event_id} to {subscription}" in replayed
+    wait_until(lambda: len(live.hub.seen(path)) == 2, "the replay delivered", live)
+    assert [seen.event_id for seen in live.hub.seen(path)] == [event_id, event_id]
+    assert receiver.handled == [event_id], "same event_id: the receiver's dedupe ran the handler once"
+
+    wait_until(
+        lambda: {d.status for d in deliveries(live.engine)} == {DeliveryStatus.SUCCEEDED},
+        "both deliveries recorded as succeeded",
+        live,
+    )
+    shown = live.ok("events", "show", event_id)
+    for delivery in deliveries(live.engine):
+        assert delivery.id in shown
+    assert shown.count("succeeded") >= 4  # two deliveries, one successful attempt each
+    listed = live.ok("events", "list", "--type", "booking.confirmed")
+    assert event_id in listed
+    assert "2 succeeded" in listed
+
+
+def test_recover_runs_as_a_job_in_the_worker_with_progress(live: Live) -> None:
+    receiver = UspReceiver(live.jwks)
+    url, _ = live.endpoint("recover", Answer(503, body=b"[/] [bold]down for maintenance"))
+    subscription = live.subscribe(url)
+    event_ids = [event_id_in(live.ok("trigger", "booking.cancelled")) for _ in range(3)]
+    # The endpoint fails; mark its deliveries dead as the exhausted schedule would (no scheduler
+    # runs here to re-send retries).
+    wait_until(lambda: all(d.attempt_count >= 1 for d in deliveries(live.engine)), "first tries", live)
+    with live.engine.begin() as connection:
+        connection.execute(sa.update(Delivery).values(status=DeliveryStatus.DEAD.value))
+    # What the endpoint answered is shown as it was: text, not terminal markup.
+    assert "503" in (shown := live.ok("events", "show", event_ids[0]))
+    assert "[/] [bold]down for maintenance" in shown
+    live.hub.routes["/cli/recover"] = receiver  # the endpoint is back
+
+    output = live.ok("recover", "--subscription", subscription, "--since", "1h")
+    assert "done: 3 deliveries re-sent" in output
+    job = re.search(r"job_[0-9a-f]{32}", output)
+    assert job, output
+    assert "done: 3 deliveries re-sent" in live.ok("jobs", "show", job.group(0))
+    wait_until(lambda: sorted(receiver.handled) == sorted(event_ids), "every missed event", live)
+
+    dead = live.ok("dead-letter", "list", "--subscription", subscription)
+    assert all(event_id in dead for event_id in event_ids), "the old rows stay as history"
+
+
+def test_subscriptions_list_disable_enable_rate_limit(live: Live) -> None:
+    url, _ = live.endpoint("subs", Answer(200))
+    subscription = live.subscribe(url)
+    assert subscription in live.ok("subscriptions", "list")
+    assert f"{subscription} is disabled" in live.ok("subscriptions", "disable", subscription)
+    assert "disabled by an operator" in live.ok("subscriptions", "list", "--state", "disabled")
+    assert f"{subscription} is active" in live.ok("subscriptions", "enable", subscription)
+
+    limited = live.ok("subscriptions", "rate-limit", subscription, "7")
+    assert f"{subscription}: at most 7 deliveries per second" in limited
+    assert rate_limit(live.engine, subscription) == 7
+    assert "7/s" in live.ok("subscriptions", "list")
+    refused = live.run("subscriptions", "rate-limit", subscription, "0")
+    assert refused.exit_code == 1
+    assert "422 invalid_rate_limit" in refused.output
+    for unclear in ((subscription,), (subscription, "3", "--off")):
+        result = live.run("subscriptions", "rate-limit", *unclear)
+        assert result.exit_code == 2
+        assert "give either a limit" in result.output
+    assert rate_limit(live.engine, subscription) == 7
+    assert f"{subscription}: no rate limit" in live.ok("subscriptions", "rate-limit", subscription, "--off")
+    assert rate_limit(live.engine, subscription) is None
+    assert "7/s" not in live.ok("subscriptions", "list")
+
+
+def test_listen_prints_verified_events_forwards_them_and_unsubscribes(live: Live) -> None:
+    forwarded = Answer(200)
+    forward_url, forward_path = live.endpoint("forward", forwarded)
+    results: list[Result] = []
+    listener = threading.Thread(
+        target=lambda: results.append(live.run("listen", "--forward-to", forward_url, "--max-events", "1")),
+        daemon=True,
+    )
+    listener.start()
+    wait_until(lambda: len(listening(live.engine)) == 1, "the temporary subscription", live)
+
+    body = sample_event("booking.confirmed")
+    response = httpx.post(
+        live.base + "/events", content=body, headers=ADMIN | {"Content-Type": "application/json"}
+    )
+    assert response.status_code == 202, response.text
+    listener.join(WAIT)
+    assert not listener.is_alive(), live.worker.output()
+
+    (result,) = results
+    assert result.exit_code == 0, result.output
+    event_id = parse_event(body).event_id
+    assert re.search(rf"verified booking\.confirmed {event_id} \(key ", result.output), result.output
+    assert f"-> {forward_url}: 200" in result.output
+    assert [seen.body for seen in live.hub.seen(forward_path)] == [body.encode()]
+    (temporary,) = listening(live.engine)
+    assert (temporary.state, temporary.disabled_reason) == ("disabled", "deleted")
+
+
+def test_a_missing_or_wrong_token_is_refused(live: Live) -> None:
+    missing = live.run("events", "list", token=None)
+    assert missing.exit_code == 2
+    assert "no admin token" in missing.output
+    wrong = live.run("events", "list", token="not-the-token")
+    assert wrong.exit_code == 1
+    assert "401 invalid_token" in wrong.output
+    assert "not-the-token" not in wrong.output
+    unknown = live.run("replay", "evt_nope")
+    assert unknown.exit_code == 1
+    assert "404 event_not_found" in unknown.output
+
+
+def test_sample_events_are_valid_and_fresh() -> None:
+    for event_type in EVENT_TYPES:
+        first, second = parse_event(sample_event(event_type)), parse_event(sample_event(event_type))
+        assert first.event == event_type
+        assert first.event_id != second.event_id
+    result = CliRunner().invoke(cli.app, ["trigger", "waitlist.nope"], env={"USP_ADMIN_TOKEN": "t"})
+    assert result.exit_code == 2
+    assert "no sample for 'waitlist.nope'" in result.output
+
+
+def deliveries(engine: Engine) -> list[Delivery]:
+    with Session(engine) as s:
+        rows = list(s.exec(select(Delivery).order_by(col(Delivery.id))).all())
+        for row in rows:
+            s.expunge(row)
+        return rows
+
+
+def rate_limit(engine: Engine, subscription_id: str) -> int | None:
+    with Session(engine) as s:
+        row = s.get(Subscription, subscription_id)
+        assert row is not None
+        return row.rate_limit
+
+
+def listening(engine: Engine) -> list[Subscription]:
+    with Session(engine) as s:
+        rows = list(s.exec(select(Subscription).where(col(Subscription.url).endswith("/webhooks"))).all())
+        for row in rows:
+            s.expunge(row)
+        return rows

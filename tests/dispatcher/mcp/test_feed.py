@@ -1,0 +1,120 @@
+"""``usp_feed_subscriptions_*`` beyond their success paths: idempotency keys on creation (the
+subscription is written in :func:`usp_dispatcher.domain.perform`'s transaction) and whose
+subscriptions a listing shows (one filter, :func:`usp_dispatcher.feed.list_subscriptions`)."""
+
+from __future__ import annotations
+
+import pytest
+from sqlalchemy.engine import Engine
+from sqlmodel import select
+
+from usp_dispatcher import feed
+from usp_dispatcher.domain.tables import IdempotencyRecord
+from usp_workers import db
+from usp_workers.models import Subscription, Transport
+from usp_workers.settings import Settings
+
+from ..conftest import ADMIN_TOKEN, MakeSettings
+from .conftest import connect
+from .support import OTHER_PROFILE, PROFILE, ok, outcome, refused, usp
+
+pytestmark = pytest.mark.anyio
+
+HOOK = "http://127.0.0.1:9/hooks/usp"
+
+
+def _subscriptions(engine: Engine) -> list[Subscription]:
+    with db.session(engine) as session:
+        return list(session.exec(select(Subscription)).all())
+
+
+async def test_the_same_key_and_arguments_answer_the_first_subscription(
+    mcp_engine: Engine, settings: Settings, acme_key: str
+) -> None:
+    meta = usp(key=acme_key, idempotency_key="sub-once")
+    arguments = {"url": HOOK, "event_types": ["booking.*"], **meta}
+    async with connect(mcp_engine, settings) as client:
+        first = await ok(client, "usp_feed_subscriptions_create", arguments)
+        again = await ok(client, "usp_feed_subscriptions_create", arguments)
+    assert again["subscription"] == first["subscription"]
+    ((stored),) = _subscriptions(mcp_engine)
+    assert stored.id == first["subscription"]["id"]
+    with db.session(mcp_engine) as session:
+        ((record),) = session.exec(select(IdempotencyRecord)).all()
+    assert (record.principal, record.key) == ("key:acme", "sub-once")
+
+
+async def test_the_same_key_with_other_arguments_is_an_idempotency_conflict(
+    mcp_engine: Engine, settings: Settings, acme_key: str
+) -> None:
+    meta = usp(key=acme_key, idempotency_key="sub-reused")
+    async with connect(mcp_engine, settings) as client:
+        await ok(client, "usp_feed_subscriptions_create", {"url": HOOK, **meta})
+        message = await outcome(
+            client,
+            "usp_feed_subscriptions_create",
+            {"url": HOOK, "event_types": ["waitlist.*"], **meta},
+            "idempotency_conflict",
+        )
+        assert "idempotency" in message["content"].lower()
+    assert len(_subscriptions(mcp_engine)) == 1
+
+
+async def test_a_refused_url_stores_no_key_and_no_subscription(
+    mcp_engine: Engine, make_settings: MakeSettings, acme_key: str
+) -> None:
+    """The SSRF check runs before the transaction: a refusal leaves nothing behind, so the same
+    key works once the URL is fixed."""
+    strict = make_settings(allow_private_targets=False)
+    meta = usp(key=acme_key, idempotency_key="sub-fixed")
+    async with connect(mcp_engine, strict) as client:
+        text = await refused(client, "usp_feed_subscriptions_create", {"url": HOOK, **meta}, -32602)
+        assert "refused" in text
+    assert _subscriptions(mcp_engine) == []
+    with db.session(mcp_engine) as session:
+        assert session.exec(select(IdempotencyRecord)).all() == []
+
+
+async def test_a_platform_lists_its_own_and_the_business_lists_all(
+    mcp_engine: Engine, settings: Settings, acme_key: str, globex_key: str
+) -> None:
+    acme, globex = usp(key=acme_key), usp(profile=OTHER_PROFILE, key=globex_key)
+    business = usp(profile=PROFILE, key=ADMIN_TOKEN)
+    async with connect(mcp_engine, settings) as client:
+        mine = [
+            (await ok(client, "usp_feed_subscriptions_create", {"url": f"{HOOK}/{n}", **acme}))[
+                "subscription"
+            ]["id"]
+            for n in range(3)
+        ]
+        theirs = (await ok(client, "usp_feed_subscriptions_create", {"url": HOOK, **globex}))["subscription"][
+            "id"
+        ]
+        first = await ok(client, "usp_feed_subscriptions_list", {"limit": 2, **acme})
+        assert [s["id"] for s in first["subscriptions"]] == mine[:2]
+        rest = await ok(
+            client, "usp_feed_subscriptions_list", {"cursor": first["next_cursor"], "limit": 2, **acme}
+        )
+        assert ([s["id"] for s in rest["subscriptions"]], rest["next_cursor"]) == (mine[2:], None)
+        everyone = await ok(client, "usp_feed_subscriptions_list", business)
+        assert [s["id"] for s in everyone["subscriptions"]] == [*mine, theirs]
+
+
+def test_list_subscriptions_filters_by_profile(mcp_engine: Engine) -> None:
+    """``platform_profile=None`` is the business's own (no profile), not everyone's."""
+    with db.session(mcp_engine) as session:
+        made: dict[str | None, str] = {}
+        for profile in (None, PROFILE, OTHER_PROFILE):
+            checked = feed.CheckedSubscription(HOOK, Transport.REST, ("*",), profile)
+            made[profile] = feed.add_subscription(session, checked).id
+        session.commit()
+
+        def ids(platform_profile: str | feed.AnyProfile | None = feed.ANY_PROFILE) -> list[str]:
+            page = feed.list_subscriptions(session, platform_profile=platform_profile)
+            return [s.id for s in page.items]
+
+        assert ids() == [made[None], made[PROFILE], made[OTHER_PROFILE]]
+        assert ids(platform_profile=feed.ANY_PROFILE) == ids()
+        assert ids(platform_profile=None) == [made[None]]
+        assert ids(platform_profile=PROFILE) == [made[PROFILE]]
+        assert ids(platform_profile="https://nobody.example/p.json") == []

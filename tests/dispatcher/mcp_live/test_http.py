@@ -1,0 +1,251 @@
+"""Live webhooks over Streamable HTTP: the whole API under uvicorn on 127.0.0.1, platforms on the
+official MCP client (stateful sessions), each verifying and deduplicating what it hears with
+``usp_receiver.mcp.NotificationBinding`` against the business's published JWKS."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+import pytest
+from sqlalchemy.engine import Engine
+
+from usp_dispatcher.mcp.http import MCPEndpoint
+from usp_receiver import JWKS
+
+from ..mcp.support import OTHER_PROFILE, PROFILE, book, free_slots, ok, usp
+from .support import Platform, connect, emit, proxied, wait_until
+
+pytestmark = pytest.mark.anyio
+
+HOOK = "http://127.0.0.1:9/hooks"  # the platform's REST receiver (never reached here)
+
+
+async def subscribe(
+    client: Any, profile: str = PROFILE, event_types: tuple[str, ...] = ("booking.*",)
+) -> None:
+    """Subscribe the profile (a privileged call: it also attaches this session to the profile)."""
+    arguments = {"url": HOOK, "event_types": list(event_types), **usp(profile=profile)}
+    await ok(client, "usp_feed_subscriptions_create", arguments)
+
+
+def only_session(endpoint: MCPEndpoint) -> str:
+    hub = endpoint.hub
+    assert hub is not None
+    (key,) = hub.session_keys
+    return key.removeprefix("http:")
+
+
+async def test_a_platform_hears_its_own_bookings_and_another_platform_does_not(
+    base_url: str, engine: Engine, acme_key: str, globex_key: str, business_keys: JWKS
+) -> None:
+    acme, globex = Platform(business_keys), Platform(business_keys)
+    url = f"{base_url}/mcp"
+    async with (
+        connect(url, acme, key=acme_key) as acme_client,
+        connect(url, globex, key=globex_key) as globex_client,
+    ):
+        await subscribe(acme_client, PROFILE)
+        await subscribe(globex_client, OTHER_PROFILE)
+
+        slot = (await free_slots(acme_client))[0]
+        booked = await book(acme_client, slot["id"], key=acme_key)
+        booking_id = booked["booking"]["id"]
+        await wait_until(lambda: bool(acme.received))
+        (created,) = acme.received
+        assert created.event.event == "booking.created"
+        assert created.params["booking_id"] == booking_id
+        assert created.verified.kid in {key.kid for key in business_keys}
+
+        catalog = emit(engine, "catalog.service.updated", audience=None)  # public, but not booking.*
+        business_only = emit(engine, "booking.confirmed", audience="")
+        globex_booking = emit(engine, "booking.confirmed", audience=OTHER_PROFILE)
+        fence = emit(engine, "booking.cancelled", audience=PROFILE)
+        await acme.wait_for(fence)
+        await globex.wait_for(globex_booking)
+
+    assert acme.event_ids == [created.event.event_id, fence]
+    assert globex.event_ids == [globex_booking]  # never acme's booking, though it subscribes to booking.*
+    assert catalog not in acme.event_ids
+    assert business_only not in acme.event_ids + globex.event_ids
+    for platform in (acme, globex):
+        assert platform.binding.stats.rejected == 0
+        assert platform.binding.stats.duplicates == 0
+
+
+async def test_a_client_cut_off_gets_every_missed_notification_once_when_it_reconnects(
+    base_url: str, engine: Engine, endpoint: MCPEndpoint, acme_key: str, business_keys: JWKS
+) -> None:
+    acme = Platform(business_keys)
+    async with proxied(base_url) as proxy, connect(proxy.url("/mcp"), acme, key=acme_key) as client:
+        await subscribe(client)
+        session_id = only_session(endpoint)
+        first = emit(engine, "booking.created", audience=PROFILE)
+        await acme.wait_for(first)
+
+        await proxy.cut()  # the network goes; the client's GET stream breaks
+        held = endpoint.buffered(session_id)
+        missed = [emit(engine, "booking.confirmed", audience=PROFILE) for _ in range(3)]
+        await wait_until(lambda: endpoint.buffered(session_id) == held + len(missed))
+        assert acme.event_ids == [first]
+        proxy.resume()  # the client reconnects with Last-Event-ID
+
+        for event_id in missed:
+            await acme.wait_for(event_id)
+        after = emit(engine, "booking.cancelled", audience=PROFILE)  # and stays live
+        await acme.wait_for(after)
+
+    assert acme.event_ids == [first, *missed, after]
+    assert acme.binding.stats.duplicates == 0
+    assert acme.binding.stats.rejected == 0
+    resumed = [
+        head for head in proxy.heads if head.startswith(b"GET ") and b"\r\nlast-event-id:" in head.lower()
+    ]
+    assert resumed, "the client did not resume with Last-Event-ID"
+
+
+async def test_another_sessions_last_event_id_replays_nothing_of_ours(
+    base_url: str, engine: Engine, endpoint: MCPEndpoint, acme_key: str, globex_key: str, business_keys: JWKS
+) -> None:
+    """The SDK's standalone stream has the same id in every session; with one store for all, any
+    session could name another's event id and be replayed its notifications."""
+    acme = Platform(business_keys)
+    async with proxied(base_url) as proxy, connect(proxy.url("/mcp"), acme, key=acme_key) as client:
+        await subscribe(client)
+        acme_session = only_session(endpoint)
+        secret = emit(engine, "booking.created", audience=PROFILE)
+        await acme.wait_for(secret)
+        more = emit(engine, "booking.confirmed", audience=PROFILE)
+        await acme.wait_for(more)
+        acme_ids = proxy.event_ids()
+        assert acme_ids
+
+        # Another session, even one opened with the same credential, names acme's ids.
+        async with raw_session(base_url, acme_key) as (other, other_session):
+            for event_id in acme_ids:
+                replay = await other.get("/mcp", headers=stream_headers(other_session, event_id))
+                assert replay.status_code == 200
+                assert "data:" not in replay.text
+                assert secret not in replay.text
+                assert more not in replay.text
+
+        # And acme's own session answers only to acme's credential.
+        for key in (globex_key, None):
+            async with raw_session(base_url, key) as (intruder, _):
+                denied = await intruder.get("/mcp", headers=stream_headers(acme_session, acme_ids[0]))
+                assert denied.status_code == 404
+                assert secret not in denied.text
+
+
+async def test_events_written_before_the_session_attached_are_not_pushed(
+    base_url: str, engine: Engine, acme_key: str, business_keys: JWKS
+) -> None:
+    """Our choice: a live session is a live feed from the moment it attaches (its first privileged
+    call), never a backlog; what happened before reaches the platform over REST."""
+    acme = Platform(business_keys)
+    async with connect(f"{base_url}/mcp", acme, key=acme_key) as client:
+        before = emit(engine, "booking.created", audience=PROFILE)
+        await subscribe(client)
+        after = emit(engine, "booking.created", audience=PROFILE)
+        await acme.wait_for(after)
+    assert acme.event_ids == [after]
+    assert before not in acme.event_ids
+
+
+async def test_a_closed_session_is_detached_and_the_others_still_hear(
+    base_url: str, engine: Engine, endpoint: MCPEndpoint, acme_key: str, business_keys: JWKS
+) -> None:
+    staying, leaving = Platform(business_keys), Platform(business_keys)
+    url = f"{base_url}/mcp"
+    hub = endpoint.hub
+    assert hub is not None
+    async with connect(url, staying, key=acme_key) as staying_client:
+        await subscribe(staying_client)
+        async with connect(url, leaving, key=acme_key) as leaving_client:
+            await ok(leaving_client, "usp_feed_subscriptions_list", usp(profile=PROFILE))
+            assert len(hub.session_keys) == 2
+            both = emit(engine, "booking.created", audience=PROFILE)
+            await staying.wait_for(both)
+            await leaving.wait_for(both)
+        # The client closed (DELETE): its session is gone, and the hub lets go of it.
+        await wait_until(lambda: len(hub.session_keys) == 1)
+        later = emit(engine, "booking.confirmed", audience=PROFILE)
+        await staying.wait_for(later)
+    assert staying.event_ids == [both, later]
+    assert leaving.event_ids == [both]
+
+
+async def test_an_invalid_credential_is_answered_401_with_a_json_rpc_error(base_url: str) -> None:
+    body = initialize(7)
+    async with httpx.AsyncClient(base_url=base_url) as http:
+        response = await http.post(
+            "/mcp", json=body, headers={**POST_HEADERS, "Authorization": "Bearer usp_not_a_real_key"}
+        )
+    assert response.status_code == 401
+    assert response.headers["www-authenticate"].startswith("Bearer")
+    error = response.json()
+    assert error["jsonrpc"] == "2.0"
+    assert error["id"] == 7
+    assert error["error"]["code"] == -32001
+    assert error["error"]["message"] == "unauthenticated"
+    assert error["error"]["data"]["content"]
+    assert "usp_not_a_real_key" not in response.text
+
+
+async def test_a_foreign_host_or_origin_is_refused(base_url: str) -> None:
+    """DNS rebinding: a page on another site must not drive the local endpoint."""
+    async with httpx.AsyncClient(base_url=base_url) as http:
+        rebound = await http.post(
+            "/mcp", json=initialize(1), headers={**POST_HEADERS, "Host": "evil.example"}
+        )
+        foreign = await http.post(
+            "/mcp", json=initialize(1), headers={**POST_HEADERS, "Origin": "https://evil.example"}
+        )
+        local = await http.post("/mcp", json=initialize(1), headers={**POST_HEADERS, "Origin": base_url})
+    assert rebound.status_code == 421
+    assert foreign.status_code == 403
+    assert local.status_code == 200
+
+
+# -- speaking the transport by hand -----------------------------------------------------------------
+
+POST_HEADERS = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json"}
+
+
+def initialize(request_id: int) -> dict[str, Any]:
+    return {
+        "jsonrpc": "2.0",
+        "id": request_id,
+        "method": "initialize",
+        "params": {
+            "protocolVersion": "2025-11-25",
+            "capabilities": {},
+            "clientInfo": {"name": "t", "version": "0"},
+        },
+    }
+
+
+def stream_headers(session_id: str, last_event_id: str) -> dict[str, str]:
+    return {"Accept": "text/event-stream", "Mcp-Session-Id": session_id, "Last-Event-ID": last_event_id}
+
+
+class raw_session:
+    """An initialized session spoken by hand (to send what a well-behaved client never would)."""
+
+    def __init__(self, base_url: str, key: str | None) -> None:
+        headers = {"Authorization": f"Bearer {key}"} if key is not None else {}
+        self._http = httpx.AsyncClient(base_url=base_url, headers=headers)
+
+    async def __aenter__(self) -> tuple[httpx.AsyncClient, str]:
+        opened = await self._http.post("/mcp", json=initialize(1), headers=POST_HEADERS)
+        assert opened.status_code == 200, opened.text
+        session_id = opened.headers["mcp-session-id"]
+        initialized = {"jsonrpc": "2.0", "method": "notifications/initialized"}
+        done = await self._http.post(
+            "/mcp", json=initialized, headers={**POST_HEADERS, "Mcp-Session-Id": session_id}
+        )
+        assert done.status_code == 202, done.text
+        return self._http, session_id
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self._http.aclose()

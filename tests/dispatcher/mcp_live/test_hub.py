@@ -1,0 +1,199 @@
+"""``LiveHub`` on a real database, with plain senders in place of MCP sessions: what it sends
+(signed, in order, by profile, subscription and audience) and how it sheds sessions that fail."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from functools import partial
+from typing import Any
+
+import anyio
+import pytest
+from sqlalchemy.engine import Engine
+
+from usp_dispatcher.mcp.live import LiveHub
+from usp_receiver import JWKS, verify_notification_params
+from usp_workers import db, keys, outbox
+from usp_workers.models import Subscription, SubscriptionState
+from usp_workers.settings import Settings
+
+from ..mcp.support import OTHER_PROFILE, PROFILE
+from ..support import event
+from .support import emit, wait_until
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+def prepared(keyed: Engine) -> Engine:
+    """The test database migrated and keyed, with subscriptions for two profiles."""
+    with db.session(keyed) as session:
+        session.add(
+            Subscription(url="http://127.0.0.1:9/a", platform_profile=PROFILE, event_types='["booking.*"]')
+        )
+        session.add(Subscription(url="http://127.0.0.1:9/b", platform_profile=OTHER_PROFILE))
+        session.add(
+            Subscription(
+                url="http://127.0.0.1:9/c",
+                platform_profile=PROFILE,
+                event_types='["waitlist.*"]',
+                state=SubscriptionState.DISABLED,
+            )
+        )
+        session.commit()
+    return keyed
+
+
+class Inbox:
+    """A session's sender that keeps what it was sent."""
+
+    def __init__(self) -> None:
+        self.params: list[dict[str, Any]] = []
+
+    async def __call__(self, params: dict[str, Any]) -> None:
+        self.params.append(params)
+
+    @property
+    def event_ids(self) -> list[str]:
+        return [params["event_id"] for params in self.params]
+
+
+@asynccontextmanager
+async def running(
+    hub: LiveHub, engine: Engine, settings: Settings, *, poll_interval: float = 0.2
+) -> AsyncIterator[None]:
+    async with anyio.create_task_group() as task_group:
+        task_group.start_soon(partial(hub.run, engine, settings, poll_interval=poll_interval))
+        yield
+        task_group.cancel_scope.cancel()
+
+
+async def test_each_session_gets_its_profiles_matching_events_signed_and_in_order(
+    prepared: Engine, settings: Settings
+) -> None:
+    hub = LiveHub()
+    acme, other = Inbox(), Inbox()
+    async with running(hub, prepared, settings):
+        hub.attach("acme", PROFILE, acme)
+        hub.attach("other", OTHER_PROFILE, other)
+        mine = [emit(prepared, "booking.created", audience=PROFILE) for _ in range(3)]
+        theirs = emit(prepared, "booking.created", audience=OTHER_PROFILE)
+        business_only = emit(prepared, "booking.confirmed", audience="")
+        public_catalog = emit(prepared, "catalog.service.updated", audience=None)
+        waitlist = emit(prepared, "waitlist.joined", audience=PROFILE)  # acme's waitlist.* is disabled
+        fence = emit(prepared, "booking.cancelled", audience=PROFILE)
+        await wait_until(lambda: fence in acme.event_ids and public_catalog in other.event_ids)
+
+    assert acme.event_ids == [*mine, fence]
+    assert other.event_ids == [theirs, public_catalog]
+    assert business_only not in acme.event_ids + other.event_ids
+    assert waitlist not in acme.event_ids
+    with db.session(prepared) as session:
+        published = JWKS.from_dict(keys.published_jwks(session, settings))
+    for params in acme.params + other.params:
+        verified = verify_notification_params(params, published)
+        assert verified.params["event_id"] == params["event_id"]
+
+
+async def test_a_commit_in_this_process_wakes_the_hub(prepared: Engine, settings: Settings) -> None:
+    """With polling practically off, only the commit hook can bring the event in."""
+    hub = LiveHub()
+    acme = Inbox()
+    async with running(hub, prepared, settings, poll_interval=3600):
+        hub.attach("acme", PROFILE, acme)
+        first = emit(prepared, "booking.created", audience=PROFILE)  # the attach's own poll may see it
+        await wait_until(lambda: first in acme.event_ids)
+        second = emit(prepared, "booking.created", audience=PROFILE)  # only the wake-up can
+        await wait_until(lambda: second in acme.event_ids)
+
+
+async def test_events_from_before_a_session_attached_are_not_sent(
+    prepared: Engine, settings: Settings
+) -> None:
+    hub = LiveHub()
+    acme = Inbox()
+    async with running(hub, prepared, settings):
+        before = emit(prepared, "booking.created", audience=PROFILE)
+        hub.attach("acme", PROFILE, acme)
+        after = emit(prepared, "booking.created", audience=PROFILE)
+        await wait_until(lambda: after in acme.event_ids)
+    assert before not in acme.event_ids
+    assert acme.event_ids == [after]
+
+
+async def test_an_event_committed_after_a_later_one_is_still_sent(
+    prepared: Engine, settings: Settings
+) -> None:
+    """Event ids are taken when the event is written, not when it commits: a long transaction's
+    event is older than one committed before it, and must not be skipped."""
+    hub = LiveHub()
+    acme = Inbox()
+    async with running(hub, prepared, settings):
+        hub.attach("acme", PROFILE, acme)
+        slow_body = event("booking.created")
+        with db.session(prepared) as slow:
+            outbox.emit(slow, slow_body, audience=PROFILE)
+            quick = emit(prepared, "booking.created", audience=PROFILE)
+            await wait_until(lambda: quick in acme.event_ids)
+            slow.commit()
+        await wait_until(lambda: slow_body["event_id"] in acme.event_ids)
+    assert acme.event_ids == [quick, slow_body["event_id"]]
+    assert slow_body["event_id"] < quick
+
+
+async def test_a_failing_or_stalled_session_is_detached_and_the_others_still_hear(
+    prepared: Engine, settings: Settings
+) -> None:
+    hub = LiveHub(queue_size=2)
+    healthy = Inbox()
+    never = anyio.Event()
+
+    async def failing(params: dict[str, Any]) -> None:
+        raise ConnectionResetError("the session's stream is gone")
+
+    async def stalled(params: dict[str, Any]) -> None:
+        await never.wait()
+
+    async with running(hub, prepared, settings):
+        hub.attach("healthy", PROFILE, healthy)
+        hub.attach("failing", PROFILE, failing)
+        hub.attach("stalled", PROFILE, stalled)
+        sent = []
+        for _ in range(6):  # one at a time: the healthy session keeps up, the stalled one cannot
+            sent.append(emit(prepared, "booking.confirmed", audience=PROFILE))
+            await wait_until(lambda: sent[-1] in healthy.event_ids)
+        await wait_until(lambda: hub.session_keys == {"healthy"})
+        # A detached session attaches again on its next privileged call.
+        hub.attach("failing", PROFILE, healthy)
+        assert hub.session_keys == {"healthy", "failing"}
+    assert healthy.event_ids == sent
+    assert hub.session_keys == frozenset()  # a stopped hub forgets its sessions
+
+
+async def test_a_dead_session_reported_by_the_transport_is_swept(
+    prepared: Engine, settings: Settings
+) -> None:
+    alive = {"one": True, "two": True}
+    hub = LiveHub(is_alive=lambda key: alive[key])
+    one, two = Inbox(), Inbox()
+    async with running(hub, prepared, settings):
+        hub.attach("one", PROFILE, one)
+        hub.attach("two", PROFILE, two)
+        alive["one"] = False
+        await wait_until(lambda: hub.session_keys == {"two"})
+        after = emit(prepared, "booking.created", audience=PROFILE)
+        await wait_until(lambda: after in two.event_ids)
+    assert one.event_ids == []
+
+
+def test_attach_is_idempotent_and_a_session_may_speak_for_several_profiles() -> None:
+    hub = LiveHub()
+    first, second = Inbox(), Inbox()
+    hub.attach("s", PROFILE, first)
+    hub.attach("s", PROFILE, second)
+    hub.attach("s", OTHER_PROFILE, second)
+    assert hub.session_keys == {"s"}
+    hub.detach("s")
+    hub.detach("unknown")
+    assert hub.session_keys == frozenset()

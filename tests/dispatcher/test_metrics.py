@@ -1,0 +1,147 @@
+"""``GET /metrics``: Prometheus text that Prometheus's own parser reads, with the series the
+on-call engineer needs, computed from the database; admin token required unless opened."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import sqlalchemy as sa
+from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.samples import Sample
+from sqlalchemy.engine import Engine
+from sqlmodel import SQLModel
+
+from tests.schemas.samples import sample
+from usp_schemas import new_event_id
+from usp_workers import db
+from usp_workers.models import Attempt, BreakerState, Delivery, Subscription, utcnow
+from usp_workers.outbox import emit
+
+from .conftest import ADMIN, MakeClient
+from .support import assert_problem
+
+_deliveries = SQLModel.metadata.tables[Delivery.__tablename__]
+_attempts = SQLModel.metadata.tables[Attempt.__tablename__]
+
+
+def samples(text: str) -> dict[str, list[Sample]]:
+    """Every sample of the exposition, by sample name (parsed by prometheus_client)."""
+    found: dict[str, list[Sample]] = {}
+    for family in text_string_to_metric_families(text):
+        for item in family.samples:
+            found.setdefault(item.name, []).append(item)
+    return found
+
+
+def value(found: dict[str, list[Sample]], name: str, **labels: str) -> float:
+    [match] = [s for s in found[name] if all(s.labels.get(k) == v for k, v in labels.items())]
+    return match.value
+
+
+def populate(engine: Engine) -> tuple[str, str]:
+    """Two subscriptions (one with an open breaker) and deliveries in every state."""
+    with db.session(engine) as s:
+        healthy = Subscription(url="http://127.0.0.1:9/ok")
+        broken = Subscription(
+            url="http://127.0.0.1:9/broken?token=do-not-leak",
+            breaker_state=BreakerState.OPEN,
+            breaker_until=utcnow() + timedelta(minutes=5),
+            consecutive_failures=12,
+        )
+        s.add(healthy)
+        s.add(broken)
+        s.commit()
+        for _ in range(3):
+            body = sample("booking.confirmed") | {"event_id": new_event_id()}
+            emit(s, body)
+        body = sample("booking.cancelled") | {"event_id": new_event_id()}
+        emit(s, body)
+        s.commit()
+    now = utcnow()
+    with engine.begin() as connection:
+        ids = list(connection.execute(sa.select(_deliveries.c.id).order_by(_deliveries.c.id)).scalars())
+        assert len(ids) == 8
+        succeeded, dead, later, overdue = ids[:4], ids[4:5], ids[5:6], ids[6:8]
+        connection.execute(
+            sa.update(_deliveries).where(_deliveries.c.id.in_(succeeded)).values(status="succeeded")
+        )
+        connection.execute(sa.update(_deliveries).where(_deliveries.c.id.in_(dead)).values(status="dead"))
+        connection.execute(
+            sa.update(_deliveries)
+            .where(_deliveries.c.id.in_(later))
+            .values(next_attempt_at=now + timedelta(hours=1))
+        )
+        connection.execute(
+            sa.update(_deliveries)
+            .where(_deliveries.c.id.in_(overdue))
+            .values(next_attempt_at=now - timedelta(seconds=90))
+        )
+        for delivery_id, ms, outcome, started in [
+            (succeeded[0], 3.0, "succeeded", now),
+            (succeeded[1], 40.0, "succeeded", now),
+            (succeeded[2], 700.0, "succeeded", now),
+            (dead[0], 5000.0, "dead", now),
+            (succeeded[3], 1.0, "succeeded", now - timedelta(hours=1)),  # outside the window
+        ]:
+            connection.execute(
+                sa.insert(_attempts).values(
+                    delivery_id=delivery_id,
+                    attempt_number=1,
+                    started_at=started,
+                    duration_ms=ms,
+                    status_code=200 if outcome == "succeeded" else 500,
+                    outcome=outcome,
+                )
+            )
+    return healthy.id, broken.id
+
+
+def test_metrics_need_the_admin_token_by_default(make_client: MakeClient) -> None:
+    client = make_client()
+    assert_problem(client.get("/metrics"), 401, "unauthenticated")
+    assert_problem(client.get("/metrics", headers={"Authorization": "Bearer wrong"}), 401, "invalid_token")
+    assert client.get("/metrics", headers=ADMIN).status_code == 200
+
+
+def test_metrics_can_be_opened_for_a_private_network(make_client: MakeClient) -> None:
+    response = make_client(metrics_public=True).get("/metrics")
+    assert response.status_code == 200
+    assert response.headers["content-type"].startswith("text/plain")
+
+
+def test_the_exposition_parses_and_carries_the_named_series(make_client: MakeClient, engine: Engine) -> None:
+    client = make_client()  # migrates the database
+    healthy, broken = populate(engine)
+
+    response = client.get("/metrics", headers=ADMIN)
+
+    assert response.status_code == 200
+    assert "do-not-leak" not in response.text
+    found = samples(response.text)
+    confirmed, cancelled = "booking.confirmed", "booking.cancelled"
+    total = sum(s.value for s in found["usp_deliveries"])
+    assert total == 8
+    assert sum(s.value for s in found["usp_deliveries"] if s.labels["event_type"] == cancelled) == 2
+    assert sum(s.value for s in found["usp_deliveries"] if s.labels["event_type"] == confirmed) == 6
+    assert sum(s.value for s in found["usp_deliveries"] if s.labels["status"] == "succeeded") == 4
+    assert value(found, "usp_dead_letter_size") == 1
+    assert value(found, "usp_queue_depth", state="due") == 2
+    assert value(found, "usp_queue_depth", state="scheduled") == 1
+    assert value(found, "usp_queue_depth", state="in_flight") == 0
+    assert 85 <= value(found, "usp_oldest_due_delivery_age_seconds") < 600
+    assert value(found, "usp_oldest_pending_delivery_age_seconds") >= 0
+    # The latency histogram holds the four attempts inside the window, by outcome.
+    assert value(found, "usp_attempt_duration_seconds_count", outcome="succeeded") == 3
+    assert value(found, "usp_attempt_duration_seconds_count", outcome="dead") == 1
+    assert value(found, "usp_attempt_duration_seconds_bucket", outcome="succeeded", le="0.005") == 1
+    assert value(found, "usp_attempt_duration_seconds_bucket", outcome="succeeded", le="0.05") == 2
+    assert value(found, "usp_attempt_duration_seconds_bucket", outcome="succeeded", le="1.0") == 3
+    assert value(found, "usp_attempt_duration_seconds_bucket", outcome="dead", le="2.5") == 0
+    assert value(found, "usp_attempt_duration_seconds_bucket", outcome="dead", le="+Inf") == 1
+    assert abs(value(found, "usp_attempt_duration_seconds_sum", outcome="succeeded") - 0.743) < 1e-6
+    # Breaker state per subscription, one-hot.
+    assert value(found, "usp_subscription_breaker_state", subscription_id=broken, state="open") == 1
+    assert value(found, "usp_subscription_breaker_state", subscription_id=broken, state="closed") == 0
+    assert value(found, "usp_subscription_breaker_state", subscription_id=healthy, state="closed") == 1
+    assert value(found, "usp_subscription_consecutive_failures", subscription_id=broken) == 12
+    assert value(found, "usp_subscription_active", subscription_id=healthy) == 1

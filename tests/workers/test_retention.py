@@ -1,0 +1,163 @@
+"""Retention: old events (with their deliveries) and old attempts go, in batches; recent rows and
+any event with unfinished work stay."""
+
+from __future__ import annotations
+
+import threading
+from datetime import timedelta
+from pathlib import Path
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Engine
+from sqlmodel import Session, SQLModel, col, func, select
+
+from usp_workers.db import make_engine, upgrade
+from usp_workers.models import Attempt, Delivery, DeliveryStatus, EventRecord, Notice, Transport, utcnow
+from usp_workers.relay import run_relay
+from usp_workers.retention import prune_once
+
+from .conftest import MakeSettings
+from .support import add_subscription, emit_event
+
+_events = SQLModel.metadata.tables[EventRecord.__tablename__]
+_deliveries = SQLModel.metadata.tables[Delivery.__tablename__]
+_attempts = SQLModel.metadata.tables[Attempt.__tablename__]
+
+
+def age(engine: Engine, event_id: str, days: float, status: DeliveryStatus, *, attempts: int = 2) -> None:
+    """Make ``event_id`` ``days`` old, its deliveries ``status``, each with ``attempts`` attempts
+    that old."""
+    then = utcnow() - timedelta(days=days)
+    with engine.begin() as connection:
+        connection.execute(sa.update(_events).where(_events.c.id == event_id).values(created_at=then))
+        ids = list(
+            connection.execute(
+                sa.select(_deliveries.c.id).where(_deliveries.c.event_id == event_id)
+            ).scalars()
+        )
+        connection.execute(
+            sa.update(_deliveries)
+            .where(_deliveries.c.event_id == event_id)
+            .values(status=status.value, created_at=then)
+        )
+        for delivery_id in ids:
+            for number in range(1, attempts + 1):
+                connection.execute(
+                    sa.insert(_attempts).values(
+                        delivery_id=delivery_id,
+                        attempt_number=number,
+                        started_at=then,
+                        duration_ms=12.5,
+                        status_code=500,
+                        error_class="http_status",
+                        outcome="retry",
+                    )
+                )
+
+
+def count(engine: Engine, model: type[SQLModel], **where: str) -> int:
+    with Session(engine) as s:
+        statement = select(func.count()).select_from(model)
+        for name, value in where.items():
+            statement = statement.where(col(getattr(model, name)) == value)
+        return int(s.exec(statement).one())
+
+
+def test_old_rows_go_in_batches_recent_and_unfinished_ones_stay(
+    database: Engine, make_settings: MakeSettings
+) -> None:
+    settings = make_settings(retention_days=30.0)
+    add_subscription(database, "http://127.0.0.1:9/a")
+    add_subscription(database, "http://127.0.0.1:9/b", Transport.JSONRPC)
+    old_done = [emit_event(database)[0] for _ in range(5)]
+    for event_id in old_done:
+        age(database, event_id, 31, DeliveryStatus.SUCCEEDED)
+    old_dead = emit_event(database)[0]
+    age(database, old_dead, 45, DeliveryStatus.DEAD)
+    old_pending = emit_event(database)[0]
+    age(database, old_pending, 40, DeliveryStatus.PENDING)
+    old_in_flight = emit_event(database)[0]
+    age(database, old_in_flight, 40, DeliveryStatus.IN_FLIGHT)
+    recent = emit_event(database)[0]
+    age(database, recent, 29, DeliveryStatus.SUCCEEDED)
+    with Session(database) as s:
+        s.add(
+            Notice(
+                subscription_id="sub_x",
+                kind="subscription.disabled",
+                created_at=utcnow() - timedelta(days=31),
+            )
+        )
+        s.add(Notice(subscription_id="sub_x", kind="subscription.disabled"))
+        s.commit()
+
+    # A pass with a small budget stops with work left and says so.
+    first = prune_once(database, settings, batch=2, max_batches=1)
+    assert first.more
+    assert first.events == 2
+
+    rest = prune_once(database, settings, batch=2, max_batches=50)
+    assert not rest.more
+    assert first.events + rest.events == 6  # five succeeded, one dead
+    assert first.deliveries + rest.deliveries == 12
+    for event_id in [*old_done, old_dead]:
+        assert count(database, EventRecord, id=event_id) == 0
+        assert count(database, Delivery, event_id=event_id) == 0
+    for event_id in (old_pending, old_in_flight, recent):
+        assert count(database, EventRecord, id=event_id) == 1
+        assert count(database, Delivery, event_id=event_id) == 2
+    # Old attempts go even when their delivery stays (its history keeps its recent tries);
+    # the recent event's attempts (29 days) stay.
+    assert count(database, Attempt) == 4
+    with Session(database) as s:
+        kept = s.exec(
+            select(Delivery.event_id).join(Attempt, col(Attempt.delivery_id) == col(Delivery.id))
+        ).all()
+    assert set(kept) == {recent}
+    assert count(database, Notice) == 1
+
+    assert prune_once(database, settings) == type(rest)()  # nothing left to do
+
+
+def test_zero_keeps_everything(database: Engine, make_settings: MakeSettings) -> None:
+    add_subscription(database, "http://127.0.0.1:9/a")
+    event_id = emit_event(database)[0]
+    age(database, event_id, 400, DeliveryStatus.SUCCEEDED)
+    report = prune_once(database, make_settings(retention_days=0))
+    assert not report.busy
+    assert count(database, EventRecord, id=event_id) == 1
+
+
+def test_the_scheduler_runs_retention(tmp_path: Path, make_settings: MakeSettings) -> None:
+    url = f"sqlite:///{tmp_path / 'usp.sqlite3'}"
+    engine = make_engine(url)
+    try:
+        upgrade(engine)
+        add_subscription(engine, "http://127.0.0.1:9/a")
+        old = emit_event(engine)[0]
+        age(engine, old, 31, DeliveryStatus.SUCCEEDED)
+        fresh = emit_event(engine)[0]
+        age(engine, fresh, 1, DeliveryStatus.SUCCEEDED)
+        settings = make_settings(
+            database_url=url,
+            broker_url="redis://127.0.0.1:1/0",
+            relay_interval_seconds=0.05,
+            retention_days=30,
+        )
+        stop = threading.Event()
+        relay = threading.Thread(
+            target=run_relay, args=(settings,), kwargs={"stop": stop, "enqueue": lambda _ids: None}
+        )
+        relay.start()
+        try:
+            for _ in range(200):
+                if count(engine, EventRecord, id=old) == 0:
+                    break
+                stop.wait(0.05)
+        finally:
+            stop.set()
+            relay.join(10)
+        assert count(engine, EventRecord, id=old) == 0
+        assert count(engine, EventRecord, id=fresh) == 1
+    finally:
+        engine.dispose()

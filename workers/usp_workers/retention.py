@@ -1,0 +1,182 @@
+"""Retention: events (payloads, with their deliveries) and attempts older than
+``retention_days`` are deleted, in small batches, by the scheduler.
+
+Why batches: one ``DELETE`` of a month of attempts would hold its row locks, and on SQLite the
+whole database's write lock, for as long as it runs, and stall every worker's ``record``. Each
+batch here is its own short transaction of at most :data:`BATCH` rows per table, and a pass
+stops after :data:`MAX_BATCHES_PER_PASS` batches (the scheduler then relays due deliveries
+again, and the next pass carries on where this one stopped).
+
+What goes, in order:
+
+1. **attempts** whose ``started_at`` is older than the cutoff (whatever their delivery: the
+   history of a delivery still being retried keeps only its recent tries; its
+   ``attempt_count`` is unaffected);
+2. **events** whose ``created_at`` is older than the cutoff and that have *no* ``pending`` or
+   ``in_flight`` delivery, together with their deliveries (succeeded or dead: the dead letter
+   is kept as long as the event) and those deliveries' remaining attempts. The check and the
+   delete run in one transaction; on PostgreSQL the events are locked ``FOR UPDATE SKIP
+   LOCKED`` first, so a replay inserting a delivery for one of them at that moment either waits
+   for the delete (and then fails cleanly: the event is gone) or makes the event skipped; then
+   their deliveries are locked and checked again, so a dead delivery redriven meanwhile keeps
+   its event.
+3. **notices** older than the cutoff.
+
+An event that still has work in flight is never pruned, however old: a retry schedule or a
+paused (breaker, rate limit) delivery finishes first.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Engine
+from sqlmodel import SQLModel
+
+from .models import Attempt, Delivery, DeliveryStatus, EventRecord, Notice, utcnow
+from .settings import Settings
+
+__all__ = ["BATCH", "MAX_BATCHES_PER_PASS", "RetentionReport", "RetentionSchedule", "prune_once"]
+
+logger = logging.getLogger("usp_workers")
+
+#: Rows per table per transaction.
+BATCH = 500
+#: Batches per pass (per table); the rest waits for the next pass.
+MAX_BATCHES_PER_PASS = 20
+#: How often the scheduler prunes when the previous pass finished everything.
+INTERVAL = timedelta(minutes=10)
+
+_events: sa.Table = SQLModel.metadata.tables[EventRecord.__tablename__]
+_deliveries: sa.Table = SQLModel.metadata.tables[Delivery.__tablename__]
+_attempts: sa.Table = SQLModel.metadata.tables[Attempt.__tablename__]
+_notices: sa.Table = SQLModel.metadata.tables[Notice.__tablename__]
+_UNFINISHED = (DeliveryStatus.PENDING.value, DeliveryStatus.IN_FLIGHT.value)
+
+
+@dataclass(frozen=True, slots=True)
+class RetentionReport:
+    """What one :func:`prune_once` pass deleted; ``more``: it stopped at its batch budget."""
+
+    attempts: int = 0
+    events: int = 0
+    deliveries: int = 0
+    notices: int = 0
+    more: bool = False
+
+    @property
+    def busy(self) -> bool:
+        return bool(self.attempts or self.events or self.deliveries or self.notices)
+
+
+def prune_once(
+    engine: Engine,
+    settings: Settings,
+    *,
+    now: datetime | None = None,
+    batch: int = BATCH,
+    max_batches: int = MAX_BATCHES_PER_PASS,
+) -> RetentionReport:
+    """One pass: delete what is older than ``retention_days`` at ``now`` (nothing when it is 0)."""
+    if settings.retention_days <= 0:
+        return RetentionReport()
+    cutoff = (now or utcnow()) - timedelta(days=settings.retention_days)
+    attempts, more_attempts = _repeat(lambda: _prune_attempts(engine, cutoff, batch), batch, max_batches)
+    events = deliveries = 0
+    more_events = False
+    for _ in range(max_batches):
+        pruned_events, pruned_deliveries = _prune_events(engine, cutoff, batch)
+        events += pruned_events
+        deliveries += pruned_deliveries
+        if pruned_events < batch:
+            break
+    else:
+        more_events = True
+    notices, more_notices = _repeat(lambda: _prune_notices(engine, cutoff, batch), batch, max_batches)
+    return RetentionReport(
+        attempts, events, deliveries, notices, more_attempts or more_events or more_notices
+    )
+
+
+class RetentionSchedule:
+    """When the scheduler prunes: at once, then every :data:`INTERVAL`; again at the next pass
+    while a pass ends with work left (``more``)."""
+
+    def __init__(self) -> None:
+        self.next_at: datetime | None = None
+
+    def due(self, now: datetime) -> bool:
+        return self.next_at is None or now >= self.next_at
+
+    def done(self, report: RetentionReport, now: datetime) -> None:
+        self.next_at = now if report.more else now + INTERVAL
+
+
+def _repeat(step: Callable[[], int], batch: int, max_batches: int) -> tuple[int, bool]:
+    total = 0
+    for _ in range(max_batches):
+        count = step()
+        total += count
+        if count < batch:
+            return total, False
+    return total, True
+
+
+def _prune_attempts(engine: Engine, cutoff: datetime, batch: int) -> int:
+    old = sa.select(_attempts.c.id).where(_attempts.c.started_at < cutoff).limit(batch)
+    with engine.begin() as connection:
+        ids = list(connection.execute(old).scalars())
+        if not ids:
+            return 0
+        connection.execute(sa.delete(_attempts).where(_attempts.c.id.in_(ids)))
+    return len(ids)
+
+
+def _prune_events(engine: Engine, cutoff: datetime, batch: int) -> tuple[int, int]:
+    unfinished = (
+        sa.select(_deliveries.c.id)
+        .where(_deliveries.c.event_id == _events.c.id, _deliveries.c.status.in_(_UNFINISHED))
+        .exists()
+    )
+    candidates = (
+        sa.select(_events.c.id)
+        .where(_events.c.created_at < cutoff, ~unfinished)
+        .order_by(_events.c.created_at)
+        .limit(batch)
+        .with_for_update(skip_locked=True)  # PostgreSQL; SQLite renders nothing (it locks the file)
+    )
+    with engine.begin() as connection:
+        ids = list(connection.execute(candidates).scalars())
+        if not ids:
+            return 0, 0
+        # Lock their deliveries and look again: a redrive may have made one pending since.
+        rows = connection.execute(
+            sa.select(_deliveries.c.event_id, _deliveries.c.status)
+            .where(_deliveries.c.event_id.in_(ids))
+            .with_for_update()
+        ).all()
+        busy = {row.event_id for row in rows if row.status in _UNFINISHED}
+        ids = [event_id for event_id in ids if event_id not in busy]
+        if not ids:
+            return 0, 0
+        their_deliveries = sa.select(_deliveries.c.id).where(_deliveries.c.event_id.in_(ids))
+        connection.execute(sa.delete(_attempts).where(_attempts.c.delivery_id.in_(their_deliveries)))
+        deliveries = connection.execute(
+            sa.delete(_deliveries).where(_deliveries.c.event_id.in_(ids))
+        ).rowcount
+        connection.execute(sa.delete(_events).where(_events.c.id.in_(ids)))
+    return len(ids), deliveries
+
+
+def _prune_notices(engine: Engine, cutoff: datetime, batch: int) -> int:
+    old = sa.select(_notices.c.id).where(_notices.c.created_at < cutoff).limit(batch)
+    with engine.begin() as connection:
+        ids = list(connection.execute(old).scalars())
+        if not ids:
+            return 0
+        connection.execute(sa.delete(_notices).where(_notices.c.id.in_(ids)))
+    return len(ids)
