@@ -1,7 +1,9 @@
 """``usp-webhooks``: run and operate the dispatcher (migrate, serve the API, manage signing keys).
 
 Settings come from the environment (``USP_*``, see :class:`usp_workers.settings.Settings`), the
-same for every command, so ``migrate`` prepares exactly the database ``api`` will use.
+same for every command, so ``migrate`` prepares exactly the database ``api`` will use. ``keys
+list|rotate``, like the operator commands of :mod:`.cli_admin`, talk to a running service's admin
+API (``--url``/``--token`` or ``USP_ADMIN_URL``/``USP_ADMIN_TOKEN``) instead.
 
 Adding a command: define a function in this module (or another) and register it on :data:`app`
 (``app.command()(my_command)``) or, for a group, on a new ``typer.Typer`` added with
@@ -13,22 +15,21 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from datetime import datetime, timedelta
+from datetime import datetime
 from enum import StrEnum
 from typing import Annotated
 
 import typer
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 from sqlalchemy.engine import Engine
-from sqlmodel import col, select
 
-from usp_receiver import jwk_thumbprint
-from usp_workers import db, keys
-from usp_workers.models import SigningKeyRecord, utcnow
+from usp_workers import db
 from usp_workers.settings import Settings
 
 from . import database
+from .cli_admin import DEFAULT_URL, AdminClient, Token, Url
 from .cli_admin import register as register_operator_commands
 
 __all__ = ["app", "keys_app", "load_settings", "main", "open_engine"]
@@ -172,25 +173,22 @@ def up(
 
 
 @keys_app.command("list")
-def keys_list() -> None:
+def keys_list(url: Url = DEFAULT_URL, token: Token = None) -> None:
     """Every signing key with its schedule and what it does now (public facts only)."""
-    settings = load_settings()
-    now = utcnow()
-    with open_engine(settings) as engine, db.session(engine) as session:
-        records = session.exec(select(SigningKeyRecord).order_by(col(SigningKeyRecord.signs_from))).all()
-        published = _published_kids(keys.published_jwks(session, settings, now=now))
+    with AdminClient(url, token) as api:
+        items = api.call("GET", "/admin/keys")["items"]
     table = Table(title="signing keys")
     # The kid is what operators copy into configs and receivers' logs: never cut it short.
-    table.add_column("kid", no_wrap=True, min_width=max((len(r.kid) for r in records), default=3))
+    table.add_column("kid", no_wrap=True, min_width=max((len(item["kid"]) for item in items), default=3))
     for column in ("alg", "signs_from", "retires_at", "state now"):
         table.add_column(column, overflow="fold")
-    for record in records:
+    for item in items:
         table.add_row(
-            record.kid,
-            record.alg,
-            _when(record.signs_from),
-            _when(record.retires_at),
-            _state(record, now, published=record.kid in published),
+            Text(item["kid"]),
+            Text(item["alg"]),
+            _when(item["signs_from"]),
+            _when(item["retires_at"]),
+            Text(item["state"]),
         )
     console.print(table)
 
@@ -198,48 +196,31 @@ def keys_list() -> None:
 @keys_app.command("rotate")
 def keys_rotate(
     alg: Annotated[KeyAlgorithm, typer.Option(help="Algorithm of the new key.")] = KeyAlgorithm.ED25519,
+    url: Url = DEFAULT_URL,
+    token: Token = None,
 ) -> None:
     """Add a new key: published at once, signing after the publish lead; old keys then retire.
 
-    On a database without keys the new key is the first one and signs at once: a key that waits
+    On a service without keys the new key is the first one and signs at once: a key that waits
     for the publish lead would leave nothing to sign with until then.
     """
-    settings = load_settings()
-    with open_engine(settings) as engine, db.session(engine) as session:
-        first = session.exec(select(SigningKeyRecord)).first() is None
-        if first:
-            record = keys.ensure_signing_key(session, settings, alg=alg.value)
-        else:
-            record = keys.rotate(session, settings, alg=alg.value)
-        retiring = _when(record.signs_from + timedelta(seconds=settings.key_overlap_seconds))
-        session.commit()
-    console.print(f"new key [bold]{record.kid}[/bold] ({record.alg}) is published now")
-    if first:
+    with AdminClient(url, token) as api:
+        rotated = api.call("POST", "/admin/keys/rotate", json={"alg": alg.value})
+    key = rotated["key"]
+    console.print(Text.assemble("new key ", (key["kid"], "bold"), f" ({key['alg']}) is published now"))
+    if rotated["first"]:
         console.print("there was no key before it, so it signs from now on")
     else:
         console.print(
-            f"it starts signing at {_when(record.signs_from)}; older keys stop signing at {retiring}"
+            f"it starts signing at {_when(rotated['signs_from'])}; "
+            f"older keys stop signing at {_when(rotated['older_keys_retire_at'])}",
+            markup=False,
         )
 
 
-def _published_kids(document: dict[str, object]) -> set[str]:
-    """Kids in a JWKS document; a key without ``kid`` is named by its thumbprint, as receivers do."""
-    entries = document.get("keys", [])
-    if not isinstance(entries, list):
-        return set()
-    return {str(e.get("kid") or jwk_thumbprint(e)) for e in entries if isinstance(e, dict)}
-
-
-def _state(record: SigningKeyRecord, now: datetime, *, published: bool) -> str:
-    if record.signs_from > now:
-        return "published, not signing yet"
-    if record.retires_at is None or record.retires_at > now:
-        return "signing"
-    return "retired, still published" if published else "retired"
-
-
-def _when(moment: datetime | None) -> str:
-    return "-" if moment is None else moment.isoformat(timespec="seconds")
+def _when(moment: str | None) -> str:
+    """An API timestamp as the tables show it: to the second, with its offset."""
+    return "-" if moment is None else datetime.fromisoformat(moment).isoformat(timespec="seconds")
 
 
 # events, replay, recover, dead-letter, subscriptions, trigger, listen: clients of the admin API

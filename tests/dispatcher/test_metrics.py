@@ -14,7 +14,8 @@ from sqlmodel import SQLModel
 from tests.schemas.samples import sample
 from usp_schemas import new_event_id
 from usp_workers import db
-from usp_workers.models import Attempt, BreakerState, Delivery, Subscription, utcnow
+from usp_workers.models import Attempt, BreakerState, Delivery, Subscription, SubscriptionState, utcnow
+from usp_workers.operations import DELETED, replay_event
 from usp_workers.outbox import emit
 
 from .conftest import ADMIN, MakeClient
@@ -145,3 +146,63 @@ def test_the_exposition_parses_and_carries_the_named_series(make_client: MakeCli
     assert value(found, "usp_subscription_breaker_state", subscription_id=healthy, state="closed") == 1
     assert value(found, "usp_subscription_consecutive_failures", subscription_id=broken) == 12
     assert value(found, "usp_subscription_active", subscription_id=healthy) == 1
+
+
+def test_deleted_subscriptions_leave_the_per_subscription_series(
+    make_client: MakeClient, engine: Engine
+) -> None:
+    """Platforms create and delete subscriptions at will, and a deleted one keeps its row (its
+    deliveries' history): were it exported, each create/delete cycle would add series for good
+    (unbounded label cardinality). Disabled ones stay: an operator watches those."""
+    client = make_client()
+    with db.session(engine) as s:
+        gone = Subscription(
+            url="http://127.0.0.1:9/gone", state=SubscriptionState.DISABLED, disabled_reason=DELETED
+        )
+        paused = Subscription(
+            url="http://127.0.0.1:9/paused", state=SubscriptionState.DISABLED, disabled_reason="410"
+        )
+        s.add(gone)
+        s.add(paused)
+        s.commit()
+        gone_id, paused_id = gone.id, paused.id
+
+    found = samples(client.get("/metrics", headers=ADMIN).text)
+
+    for name in (
+        "usp_subscription_breaker_state",
+        "usp_subscription_consecutive_failures",
+        "usp_subscription_active",
+    ):
+        assert [s for s in found[name] if s.labels["subscription_id"] == gone_id] == []
+    assert value(found, "usp_subscription_active", subscription_id=paused_id) == 0
+
+
+def test_a_redriven_dead_delivery_leaves_the_dead_letter_size(
+    make_client: MakeClient, engine: Engine
+) -> None:
+    """A redrive (or replay) leaves the dead row dead and adds a newer delivery; once that one
+    exists the dead letter no longer holds the event for that subscription (a redrive would not
+    take it again), so the alarm series must drop, not wait 30 days for retention."""
+    client = make_client()
+    with db.session(engine) as s:
+        s.add(Subscription(url="http://127.0.0.1:9/ok"))
+        s.commit()
+        record = emit(s, sample("booking.confirmed") | {"event_id": new_event_id()})
+        s.commit()
+        event_id = record.id
+    with engine.begin() as connection:
+        connection.execute(sa.update(_deliveries).values(status="dead"))
+    found = samples(client.get("/metrics", headers=ADMIN).text)
+    assert value(found, "usp_dead_letter_size") == 1
+
+    with db.session(engine) as s:
+        replay_event(s, event_id)
+    with engine.begin() as connection:
+        connection.execute(
+            sa.update(_deliveries).where(_deliveries.c.status == "pending").values(status="succeeded")
+        )
+
+    found = samples(client.get("/metrics", headers=ADMIN).text)
+    assert value(found, "usp_dead_letter_size") == 0
+    assert value(found, "usp_deliveries", status="dead", event_type="booking.confirmed") == 1

@@ -161,3 +161,51 @@ def test_the_scheduler_runs_retention(tmp_path: Path, make_settings: MakeSetting
         assert count(engine, EventRecord, id=fresh) == 1
     finally:
         engine.dispose()
+
+
+def test_a_dead_delivery_being_redriven_neither_waits_nor_deadlocks_retention(
+    database: Engine, make_settings: MakeSettings
+) -> None:
+    """A recover/redrive batch locks an old event's dead delivery, then inserts its new delivery
+    (whose foreign key needs the event row). Retention must skip that event, not lock it and wait
+    for the delivery: that order deadlocks on PostgreSQL and one side is aborted (a failed job).
+    SQLite runs one writer at a time, so there retention simply runs after the batch."""
+    settings = make_settings(retention_days=30.0)
+    subscription = add_subscription(database, "http://127.0.0.1:9/a")
+    event_id, (dead_id,) = emit_event(database)
+    age(database, event_id, 45, DeliveryStatus.DEAD)
+    errors: list[BaseException] = []
+
+    def prune() -> None:
+        try:
+            prune_once(database, settings)
+        except BaseException as exc:  # reported by the assertion below
+            errors.append(exc)
+
+    pruner = threading.Thread(target=prune)
+    concurrent = database.dialect.name == "postgresql"
+    with database.connect() as job:
+        if concurrent:
+            job.execute(sa.select(_deliveries.c.id).where(_deliveries.c.id == dead_id).with_for_update())
+            pruner.start()
+            pruner.join(timeout=10)  # with the defect it waits for our lock: we go on regardless
+        now = utcnow()
+        job.execute(
+            sa.insert(_deliveries).values(
+                id="dlv_redriven",
+                event_id=event_id,
+                subscription_id=subscription.id,
+                status=DeliveryStatus.PENDING.value,
+                attempt_count=0,
+                next_attempt_at=now,
+                created_at=now,
+                updated_at=now,
+            )
+        )
+        job.commit()
+    if not concurrent:
+        pruner.start()
+    pruner.join()
+    assert errors == []
+    assert count(database, EventRecord, id=event_id) == 1
+    assert count(database, Delivery, event_id=event_id) == 2

@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
+from typing import Literal
 
 from sqlmodel import Session, col, select
 
@@ -25,9 +27,35 @@ from usp_receiver import SigningKey
 from .models import SigningKeyRecord, utcnow
 from .settings import Settings
 
-__all__ = ["ensure_signing_key", "published_jwks", "rotate", "signing_keys"]
+__all__ = [
+    "KeyFacts",
+    "KeyState",
+    "describe_key",
+    "describe_keys",
+    "ensure_signing_key",
+    "published_jwks",
+    "rotate",
+    "rotate_or_first",
+    "signing_keys",
+]
 
 _FILE_REF = "file:"
+
+KeyState = Literal["published, not signing yet", "signing", "retired, still published", "retired"]
+
+
+@dataclass(frozen=True)
+class KeyFacts:
+    """What an operator may see of a key: its schedule and what it does at one moment. Built
+    from the record's public columns only, so nothing private can leak through it."""
+
+    kid: str
+    alg: str
+    created_at: datetime
+    signs_from: datetime
+    retires_at: datetime | None
+    published: bool
+    state: KeyState
 
 
 def ensure_signing_key(session: Session, settings: Settings, *, alg: str = "ed25519") -> SigningKeyRecord:
@@ -53,6 +81,45 @@ def rotate(
     return _add(session, settings, SigningKey.generate(alg), signs_from=signs_from)
 
 
+def rotate_or_first(
+    session: Session, settings: Settings, *, alg: str = "ed25519", now: datetime | None = None
+) -> tuple[SigningKeyRecord, bool]:
+    """:func:`rotate`, except on a database without keys: there the new key is the first and signs
+    at once (one waiting for the publish lead would leave nothing to sign with until then).
+    Returns the new record and whether it was the first (commit the session to make it happen)."""
+    if session.exec(select(SigningKeyRecord)).first() is None:
+        return _add(session, settings, SigningKey.generate(alg), signs_from=now or utcnow()), True
+    return rotate(session, settings, alg=alg, now=now), False
+
+
+def describe_keys(session: Session, settings: Settings, *, now: datetime | None = None) -> list[KeyFacts]:
+    """Every key, oldest schedule first, with what it does at ``now``."""
+    moment = now or utcnow()
+    records = session.exec(select(SigningKeyRecord).order_by(col(SigningKeyRecord.signs_from))).all()
+    return [describe_key(record, settings, now=moment) for record in records]
+
+
+def describe_key(record: SigningKeyRecord, settings: Settings, *, now: datetime | None = None) -> KeyFacts:
+    moment = now or utcnow()
+    published = _published(record, settings, moment)
+    state: KeyState
+    if record.signs_from > moment:
+        state = "published, not signing yet"
+    elif record.retires_at is None or record.retires_at > moment:
+        state = "signing"
+    else:
+        state = "retired, still published" if published else "retired"
+    return KeyFacts(
+        kid=record.kid,
+        alg=record.alg,
+        created_at=record.created_at,
+        signs_from=record.signs_from,
+        retires_at=record.retires_at,
+        published=published,
+        state=state,
+    )
+
+
 def signing_keys(session: Session, settings: Settings, *, now: datetime | None = None) -> list[SigningKey]:
     """Keys that sign at ``now``, newest first (so the new key is ``sig1`` during an overlap)."""
     moment = now or utcnow()
@@ -68,14 +135,16 @@ def signing_keys(session: Session, settings: Settings, *, now: datetime | None =
 def published_jwks(session: Session, settings: Settings, *, now: datetime | None = None) -> dict[str, object]:
     """The JWKS document: every key that signs now, will sign soon, or signed within one lead."""
     moment = now or utcnow()
-    grace = timedelta(seconds=settings.key_publish_lead_seconds)
     records = session.exec(select(SigningKeyRecord).order_by(col(SigningKeyRecord.signs_from).desc())).all()
-    keys = [
-        json.loads(r.public_jwk) | {"use": "sig"}
-        for r in records
-        if r.retires_at is None or r.retires_at + grace > moment
-    ]
+    keys = [json.loads(r.public_jwk) | {"use": "sig"} for r in records if _published(r, settings, moment)]
     return {"keys": keys}
+
+
+def _published(record: SigningKeyRecord, settings: Settings, moment: datetime) -> bool:
+    """In the JWKS at ``moment``: from creation until one publish lead after it stops signing
+    (receivers' cached JWKS may still name it for a signature made just before)."""
+    grace = timedelta(seconds=settings.key_publish_lead_seconds)
+    return record.retires_at is None or record.retires_at + grace > moment
 
 
 def _add(session: Session, settings: Settings, key: SigningKey, *, signs_from: datetime) -> SigningKeyRecord:

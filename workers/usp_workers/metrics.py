@@ -15,7 +15,8 @@ Series (all gauges but the histogram, since retention deletes rows and counts ma
 * ``usp_oldest_due_delivery_age_seconds``: how late the most overdue pending delivery is (the
   backlog alarm: a healthy fleet keeps it near the relay interval);
 * ``usp_oldest_pending_delivery_age_seconds``: the age of the oldest unfinished delivery;
-* ``usp_dead_letter_size``: dead deliveries;
+* ``usp_dead_letter_size``: dead deliveries not yet superseded by a newer delivery of the same
+  event to the same subscription (a redrive or replay), so it falls once they are re-sent;
 * ``usp_attempt_duration_seconds{outcome}``: a histogram of the attempts that *started in the
   last* ``metrics_window_seconds`` (default 5 min) — a window, not a lifetime counter: it is
   recomputed from the attempts table each scrape, so use its values directly (or
@@ -23,7 +24,8 @@ Series (all gauges but the histogram, since retention deletes rows and counts ma
 * ``usp_subscription_breaker_state{subscription_id, state}`` (1 for the current state of
   closed / open / half_open), ``usp_subscription_consecutive_failures{subscription_id}``,
   ``usp_subscription_active{subscription_id}``. Subscriptions are labelled by id only: a URL
-  may carry a secret in its query.
+  may carry a secret in its query. Deleted subscriptions (rows kept for their history) are
+  left out, so the series stay bounded by the live and disabled subscriptions.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ from sqlalchemy.engine import Engine
 from sqlmodel import SQLModel
 
 from .models import Attempt, BreakerState, Delivery, DeliveryStatus, EventRecord, Subscription, utcnow
+from .operations import DELETED
 from .settings import Settings
 
 __all__ = ["LATENCY_BUCKETS", "DatabaseCollector", "Snapshot", "render", "snapshot"]
@@ -96,7 +99,20 @@ def snapshot(engine: Engine, settings: Settings, *, now: datetime | None = None)
             .group_by(d.status, _events.c.event_type)
         ).all()
         result.deliveries = {(row[0], row[1]): int(row[2]) for row in rows}
-        result.dead = sum(n for (status, _), n in result.deliveries.items() if status == DeliveryStatus.DEAD)
+        # The dead letter: dead deliveries no newer delivery of the same event to the same
+        # subscription superseded (a redrive or replay keeps the dead row and adds one), i.e.
+        # what a redrive would still take.
+        newer = _deliveries.alias("newer")
+        superseded = sa.exists().where(
+            newer.c.event_id == d.event_id,
+            newer.c.subscription_id == d.subscription_id,
+            newer.c.id > d.id,
+        )
+        result.dead = int(
+            connection.execute(
+                sa.select(sa.func.count()).where(d.status == DeliveryStatus.DEAD.value, ~superseded)
+            ).scalar_one()
+        )
         result.in_flight = sum(
             n for (status, _), n in result.deliveries.items() if status == DeliveryStatus.IN_FLIGHT
         )
@@ -127,7 +143,11 @@ def snapshot(engine: Engine, settings: Settings, *, now: datetime | None = None)
                 row.id, row.state == "active", row.breaker_state, int(row.consecutive_failures)
             )
             for row in connection.execute(
-                sa.select(s.id, s.state, s.breaker_state, s.consecutive_failures).order_by(s.id)
+                sa.select(s.id, s.state, s.breaker_state, s.consecutive_failures)
+                # A deleted subscription keeps its row for good: exported, every create/delete
+                # cycle of a platform would add series forever.
+                .where(sa.or_(s.disabled_reason.is_(None), s.disabled_reason != DELETED))
+                .order_by(s.id)
             )
         ]
     return result

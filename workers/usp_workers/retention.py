@@ -18,8 +18,9 @@ What goes, in order:
    delete run in one transaction; on PostgreSQL the events are locked ``FOR UPDATE SKIP
    LOCKED`` first, so a replay inserting a delivery for one of them at that moment either waits
    for the delete (and then fails cleanly: the event is gone) or makes the event skipped; then
-   their deliveries are locked and checked again, so a dead delivery redriven meanwhile keeps
-   its event.
+   their deliveries are locked (``SKIP LOCKED``) and checked again, so a dead delivery
+   redriven meanwhile keeps its event, and one a recover or redrive batch holds right now keeps
+   it too (waiting for that batch would deadlock with its insert of the new delivery).
 3. **notices** older than the cutoff.
 
 An event that still has work in flight is never pruned, however old: a retry schedule or a
@@ -153,13 +154,24 @@ def _prune_events(engine: Engine, cutoff: datetime, batch: int) -> tuple[int, in
         ids = list(connection.execute(candidates).scalars())
         if not ids:
             return 0, 0
-        # Lock their deliveries and look again: a redrive may have made one pending since.
-        rows = connection.execute(
-            sa.select(_deliveries.c.event_id, _deliveries.c.status)
+        # Lock their deliveries and look again: a redrive may have made one pending since. A
+        # delivery locked elsewhere (a recover or redrive batch, which then inserts a delivery
+        # whose foreign key needs the event row we hold) is skipped, its event kept: waiting for
+        # it would deadlock.
+        locked = connection.execute(
+            sa.select(_deliveries.c.id, _deliveries.c.event_id, _deliveries.c.status)
             .where(_deliveries.c.event_id.in_(ids))
-            .with_for_update()
+            .with_for_update(skip_locked=True)
         ).all()
-        busy = {row.event_id for row in rows if row.status in _UNFINISHED}
+        taken = {row.id for row in locked}
+        busy = {row.event_id for row in locked if row.status in _UNFINISHED}
+        busy.update(
+            row.event_id
+            for row in connection.execute(
+                sa.select(_deliveries.c.id, _deliveries.c.event_id).where(_deliveries.c.event_id.in_(ids))
+            )
+            if row.id not in taken
+        )
         ids = [event_id for event_id in ids if event_id not in busy]
         if not ids:
             return 0, 0

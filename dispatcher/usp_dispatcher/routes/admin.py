@@ -10,19 +10,21 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from datetime import datetime
-from typing import Annotated, Any, TypeVar
+from datetime import datetime, timedelta
+from typing import Annotated, Any, Literal, TypeVar
 
 from fastapi import APIRouter, Body, Query
 from fastapi.concurrency import run_in_threadpool
 from pydantic import BaseModel, ConfigDict, Field
+from sqlmodel import Session
 
-from usp_workers import operations, tasks
+from usp_workers import keys, operations, tasks
 from usp_workers.models import DeliveryStatus, SubscriptionState
 from usp_workers.operations import DeadLetterFilter, EventFilter
+from usp_workers.settings import Settings
 
 from ..auth import AdminDep
-from ..deps import SessionDep
+from ..deps import SessionDep, SettingsDep
 from ..problems import HTTPProblem
 
 __all__ = ["router"]
@@ -382,6 +384,68 @@ async def recover_subscription(subscription_id: str, body: RecoverIn, session: S
     ``[since, until)``, as a job (no cap: it streams in batches). 409 when it is disabled."""
     job = await _run(operations.start_recover, session, subscription_id, since=body.since, until=body.until)
     return await _started(job)
+
+
+# ------------------------------------------------------------------------------- signing keys
+
+
+class KeyOut(BaseModel):
+    """A signing key's public facts (never its private material)."""
+
+    kid: str
+    alg: str
+    created_at: datetime
+    signs_from: datetime
+    retires_at: datetime | None = Field(description="stops signing then; null: until rotated out")
+    published: bool = Field(description="in the JWKS now")
+    state: keys.KeyState
+
+
+class KeyList(BaseModel):
+    items: list[KeyOut]
+
+
+class RotateIn(BaseModel):
+    alg: Literal["ed25519", "ecdsa-p256-sha256"] = "ed25519"
+
+
+class RotateOut(BaseModel):
+    key: KeyOut
+    first: bool = Field(description="there was no key before it, so it signs at once")
+    signs_from: datetime = Field(description="when the new key starts signing")
+    older_keys_retire_at: datetime | None = Field(
+        description="when the older keys stop signing; null when there were none"
+    )
+
+
+@router.get("/keys", response_model=KeyList)
+async def list_keys(session: SessionDep, settings: SettingsDep) -> KeyList:
+    """Every signing key with its schedule and what it does now."""
+    facts = await run_in_threadpool(keys.describe_keys, session, settings)
+    return KeyList(items=[KeyOut.model_validate(fact, from_attributes=True) for fact in facts])
+
+
+@router.post("/keys/rotate", status_code=201, response_model=RotateOut)
+async def rotate_key(
+    session: SessionDep, settings: SettingsDep, body: Annotated[RotateIn | None, Body()] = None
+) -> RotateOut:
+    """Add a key: published at once, signing after the publish lead, the older keys then signing
+    alongside it for the overlap before they retire. The first key of a database signs at once."""
+    alg = body.alg if body is not None else "ed25519"
+    return await run_in_threadpool(_rotate, session, settings, alg)
+
+
+def _rotate(session: Session, settings: Settings, alg: str) -> RotateOut:
+    record, first = keys.rotate_or_first(session, settings, alg=alg)
+    session.commit()
+    retiring = None if first else record.signs_from + timedelta(seconds=settings.key_overlap_seconds)
+    fact = keys.describe_key(record, settings)
+    return RotateOut(
+        key=KeyOut.model_validate(fact, from_attributes=True),
+        first=first,
+        signs_from=record.signs_from,
+        older_keys_retire_at=retiring,
+    )
 
 
 # ------------------------------------------------------------------------------- helpers

@@ -89,6 +89,7 @@ def test_every_admin_route_refuses_a_missing_or_wrong_token(client: TestClient) 
     ]
     assert len(routes) >= 13, routes
     assert ("PUT", "/admin/subscriptions/subscription_id/rate-limit") in routes
+    assert {("GET", "/admin/keys"), ("POST", "/admin/keys/rotate")} <= set(routes)
     for method, path in routes:
         missing = client.request(method, path, json={})
         assert_problem(missing, 401, "unauthenticated")
