@@ -7,7 +7,8 @@ gets, verified, and forwards it). Every command reads the API's address and the 
 ``--url``/``--token`` or ``USP_ADMIN_URL``/``USP_ADMIN_TOKEN``; nothing here opens the database,
 so they work from any machine that can reach the API. The token is sent, never printed.
 
-:func:`register` adds them to the ``usp-webhooks`` app (``usp_dispatcher.cli``).
+:func:`register` adds them to the ``usp-webhooks`` app (``usp_dispatcher.cli``). ``keys
+list|rotate`` (in :mod:`usp_dispatcher.cli`) use the same :class:`AdminClient`.
 """
 
 from __future__ import annotations
