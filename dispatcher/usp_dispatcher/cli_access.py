@@ -40,11 +40,15 @@ def _database() -> Iterator[Session]:
 def api_keys_create(
     principal: Annotated[str, typer.Argument(help="Who the key authenticates (it acts as key:<PRINCIPAL>).")],
     label: Annotated[str | None, typer.Option(help="A note for operators (where the key went).")] = None,
+    profile: Annotated[
+        str | None,
+        typer.Option(help="Bind the key to this platform profile URI now (else: its first call's)."),
+    ] = None,
 ) -> None:
     """Make a key for PRINCIPAL and print it once: store it now, it cannot be shown again."""
     with _database() as session:
         try:
-            row, plaintext = create_api_key(session, principal, label=label)
+            row, plaintext = create_api_key(session, principal, label=label, profile=profile)
         except ValueError as exc:
             console.print(f"[red]{exc}[/red]")
             raise typer.Exit(2) from None

@@ -30,6 +30,7 @@ from typing import Any, Final
 
 import anyio.to_thread
 import httpx
+import sqlalchemy as sa
 from sqlmodel import Session, col, select
 
 from usp_schemas import EVENT_TYPES
@@ -44,6 +45,7 @@ __all__ = [
     "ANY_PROFILE",
     "DELETED",
     "MAX_PAGE",
+    "MAX_PROFILE_SUBSCRIPTIONS",
     "AnyProfile",
     "CheckedSubscription",
     "Page",
@@ -51,6 +53,7 @@ __all__ = [
     "add_subscription",
     "check_subscription",
     "check_url",
+    "count_active_subscriptions",
     "delete_subscription",
     "get_subscription",
     "list_subscriptions",
@@ -62,6 +65,9 @@ __all__ = [
 
 #: Largest page the list returns, whatever ``limit`` asks for.
 MAX_PAGE = 200
+#: Active subscriptions one platform profile may hold over MCP: every event fans out to each,
+#: so an unbounded number would let one platform multiply deliveries to a URL of its choosing.
+MAX_PROFILE_SUBSCRIPTIONS: Final = 25
 _MAX_PATTERNS = 64
 
 
@@ -228,6 +234,17 @@ def list_subscriptions(
     more = len(rows) > limit
     items = rows[:limit]
     return Page(items, items[-1].id if more else None)
+
+
+def count_active_subscriptions(session: Session, platform_profile: str) -> int:
+    """How many active subscriptions ``platform_profile`` holds."""
+    statement = (
+        select(sa.func.count())
+        .select_from(Subscription)
+        .where(col(Subscription.platform_profile) == platform_profile)
+        .where(col(Subscription.state) == SubscriptionState.ACTIVE)
+    )
+    return int(session.exec(statement).one())
 
 
 def delete_subscription(session: Session, subscription_id: str) -> None:

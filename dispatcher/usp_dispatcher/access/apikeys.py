@@ -24,7 +24,8 @@ from usp_workers.models import utcnow
 from usp_workers.settings import Settings
 
 from ..domain.tables import ApiKeyRow
-from .errors import unauthenticated
+from .bindings import MAX_PROFILE_LENGTH, bind_profile
+from .errors import AccessError, unauthenticated
 from .identity import BUSINESS, Identity
 
 __all__ = [
@@ -36,6 +37,7 @@ __all__ = [
     "list_api_keys",
     "lookup_api_key",
     "revoke_api_key",
+    "still_authenticates",
 ]
 
 KEY_PREFIX: Final = "uspk_"
@@ -46,21 +48,31 @@ _PRINCIPAL_NAME: Final = re.compile(r"[A-Za-z0-9._~@:/+-]{1,200}")
 _MAX_TOKEN: Final = 512
 
 
-def issue_api_key(session: Session, principal: str, *, label: str | None = None) -> str:
+def issue_api_key(
+    session: Session, principal: str, *, label: str | None = None, profile: str | None = None
+) -> str:
     """Make a key for ``principal`` (a name such as ``acme``) and commit it; returns the
     plaintext key, which exists nowhere else afterwards.
 
-    ``ValueError`` for a principal name with spaces or odd characters (or over 200 long).
+    ``profile`` binds ``key:<principal>`` to that platform profile now, instead of on its first
+    call: first-contact binding (USP §10.1.6) lets whoever holds a new key claim any profile that
+    nobody's key is bound to yet, so an operator who knows which platform the key is for should
+    say so. ``ValueError`` for a principal name with spaces or odd characters (or over 200 long),
+    or a principal already bound to another profile.
     """
-    return create_api_key(session, principal, label=label)[1]
+    return create_api_key(session, principal, label=label, profile=profile)[1]
 
 
-def create_api_key(session: Session, principal: str, *, label: str | None = None) -> tuple[ApiKeyRow, str]:
+def create_api_key(
+    session: Session, principal: str, *, label: str | None = None, profile: str | None = None
+) -> tuple[ApiKeyRow, str]:
     """:func:`issue_api_key` that also returns the stored row (its ``id`` is what revokes it)."""
     if not _PRINCIPAL_NAME.fullmatch(principal):
         raise ValueError("a principal name is 1-200 letters, digits or ._~@:/+- (no spaces)")
     if label is not None and len(label) > 200:
         raise ValueError("a label is at most 200 characters")
+    if profile is not None:
+        _bind(session, f"key:{principal}", profile)
     for _ in range(3):  # a hash collision among 256-bit keys does not happen; a retry costs nothing
         plaintext = KEY_PREFIX + secrets.token_urlsafe(_KEY_BYTES)
         row = ApiKeyRow(principal=principal, token_hash=hash_api_key(plaintext), label=label)
@@ -98,6 +110,17 @@ def lookup_api_key(session: Session, token: str) -> ApiKeyRow | None:
     return row if row is not None and row.revoked_at is None else None
 
 
+def still_authenticates(session: Session, principal: str) -> bool:
+    """Whether ``principal`` (an :class:`Identity`'s) can still authenticate: for ``key:<name>``,
+    some key of that name is unrevoked. Other principals (the admin token, agents' signatures)
+    have nothing to revoke here. What ends the live pushes to a session its key opened."""
+    if not principal.startswith("key:"):
+        return True
+    name = principal.removeprefix("key:")
+    live = select(ApiKeyRow.id).where(ApiKeyRow.principal == name).where(col(ApiKeyRow.revoked_at).is_(None))
+    return session.exec(live).first() is not None
+
+
 def hash_api_key(token: str) -> str:
     """What ``sched_api_keys.token_hash`` holds: the hex SHA-256 of the key."""
     return hashlib.sha256(token.encode("utf-8")).hexdigest()
@@ -123,3 +146,14 @@ def authenticate_bearer(
             else "bearer API keys are not accepted here"
         )
     return Identity(f"key:{row.principal}", "bearer")
+
+
+def _bind(session: Session, principal: str, profile: str) -> None:
+    """Bind ``principal`` to ``profile`` before its key exists (``ValueError`` when it is bound to
+    another profile, or the profile is not a plausible URI)."""
+    if not profile or len(profile) > MAX_PROFILE_LENGTH or not profile.isprintable() or " " in profile:
+        raise ValueError(f"a profile is a URI of 1 to {MAX_PROFILE_LENGTH} printable characters")
+    try:
+        bind_profile(session, principal, profile)
+    except AccessError as exc:
+        raise ValueError(f"{principal} is already bound to another profile") from exc

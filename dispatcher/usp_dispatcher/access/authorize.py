@@ -173,7 +173,8 @@ def authorize(
 def may_touch_booking(session: Session, caller: Caller, booking_id: str) -> bool:
     """Whether ``caller`` may read or change the booking (``False`` also when it does not exist,
     so the tool answers ``booking_not_found`` alike): the business any; a scoped credential its
-    own booking only; a platform the bookings its profile owns."""
+    own booking only; an authenticated platform the bookings its profile owns (an anonymous one,
+    when the policy lets it in, proves no profile: it reaches its bookings by their credentials)."""
     exists, owner = booking_platform(session, booking_id)
     if not exists:
         return False
@@ -181,7 +182,7 @@ def may_touch_booking(session: Session, caller: Caller, booking_id: str) -> bool
         return booking_id == caller.scoped_booking_id
     if caller.is_business:
         return True
-    return caller.profile is not None and owner == caller.profile
+    return caller.principal is not None and caller.profile is not None and owner == caller.profile
 
 
 def may_touch_waitlist_entry(session: Session, caller: Caller, entry_id: str) -> bool:
@@ -191,7 +192,7 @@ def may_touch_waitlist_entry(session: Session, caller: Caller, entry_id: str) ->
         return False
     if caller.is_business:
         return True
-    return caller.profile is not None and owner == caller.profile
+    return caller.principal is not None and caller.profile is not None and owner == caller.profile
 
 
 # ---------------------------------------------------------------------------------------------

@@ -127,12 +127,19 @@ def validation_text(exc: ValidationError, *, limit: int = 5) -> str:
     """
     parts = []
     for error in exc.errors(include_input=False, include_url=False)[:limit]:
-        where = ".".join(str(part) for part in error["loc"]) or "arguments"
+        where = ".".join(_shown_part(part) for part in error["loc"]) or "arguments"
         parts.append(f"{where}: {error['msg']}")
     more = len(exc.errors()) - limit
     if more > 0:
         parts.append(f"and {more} more")
     return "; ".join(parts)
+
+
+def _shown_part(part: str | int) -> str:
+    """A location part as shown: an argument's name is input too (a line separator in it breaks
+    line-based readers; a pasted credential must not come back), so only short printable ones."""
+    text = str(part)
+    return text if len(text) <= 64 and text.isprintable() else "<argument>"
 
 
 class ProtocolErrors(ServerMiddleware[Any]):

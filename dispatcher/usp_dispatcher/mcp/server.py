@@ -37,8 +37,9 @@ from usp_workers.ssrf import Resolver
 
 from .. import access
 from ..access import AccessError, Caller, Identity
+from ..access.apikeys import still_authenticates
 from ..request_guard import NUL_REFUSED, contains_nul
-from .live import LiveHub, notification_sender
+from .live import LiveHub, LiveSend, notification_sender
 from .protocol import INVALID_PARAMS, METHOD_NOT_FOUND, ProtocolErrors, protocol_error, validation_text
 from .results import envelope
 from .tools import TOOLS, TOOLS_BY_NAME, ToolCall, ToolSpec, UspMeta, read_meta
@@ -94,14 +95,18 @@ def build_server(
         # Only an authenticated principal's session is attached: an anonymous caller (allowed when
         # USP_REQUIRE_AUTHENTICATION is off) could name any profile and would receive its
         # bookings' buyer details. A scoped credential alone (principal None) attaches nothing.
+        # Over HTTP the principal must be the one whose transport credential owns the session: a
+        # session opened without one is bound to nobody (anyone with its id may read its stream),
+        # so an in-band bearer serves the call but does not make that session the platform's.
         if (
             hub is not None
             and session_key is not None
             and spec.access.privileged
             and caller.profile
             and caller.principal is not None
+            and (session_key == STDIO_SESSION or _transport_principal(ctx) == caller.principal)
         ):
-            hub.attach(session_key, caller.profile, notification_sender(ctx.session))
+            hub.attach(session_key, caller.profile, _while_authenticated(engine, caller.principal, ctx))
         try:
             model = spec.arguments.model_validate({k: v for k, v in arguments.items() if k != "_meta"})
         except ValidationError as exc:
@@ -176,6 +181,29 @@ def _identity(ctx: ServerRequestContext[Any, Any]) -> Identity | None:
     state = getattr(ctx.request, "state", None)
     identity = getattr(state, "usp_identity", None)
     return identity if isinstance(identity, Identity) else None
+
+
+def _while_authenticated(engine: Engine, principal: str, ctx: ServerRequestContext[Any, Any]) -> LiveSend:
+    """The session's sender, refusing (so the hub detaches the session) once ``principal`` can no
+    longer authenticate: an open stream outlives the key that opened it, a revocation must not."""
+    send = notification_sender(ctx.session)
+
+    def still() -> bool:
+        with db.session(engine) as session:
+            return still_authenticates(session, principal)
+
+    async def guarded(params: dict[str, Any]) -> None:
+        if not await anyio.to_thread.run_sync(still):
+            raise PermissionError("the principal's credential was revoked")
+        await send(params)
+
+    return guarded
+
+
+def _transport_principal(ctx: ServerRequestContext[Any, Any]) -> str | None:
+    """The principal the HTTP mount authenticated, which the SDK binds the session to."""
+    identity = _identity(ctx)
+    return identity.principal if identity is not None else None
 
 
 def _session_key(ctx: ServerRequestContext[Any, Any]) -> str | None:

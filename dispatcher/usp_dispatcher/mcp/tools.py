@@ -43,7 +43,7 @@ from ..access import Access, Caller
 from ..domain.outcomes import booking_not_found, waitlist_entry_not_found
 from ..errors import NotFound, Refused
 from ..routes.scheduling import BookingIn, CancelIn, RescheduleIn, WaitlistIn
-from .protocol import INVALID_PARAMS, protocol_error
+from .protocol import INVALID_PARAMS, UNAUTHENTICATED, protocol_error
 from .results import CAPABILITIES, business_outcome
 
 __all__ = ["TOOLS", "TOOLS_BY_NAME", "ToolCall", "ToolSpec", "UspMeta", "read_meta"]
@@ -51,6 +51,7 @@ __all__ = ["TOOLS", "TOOLS_BY_NAME", "ToolCall", "ToolSpec", "UspMeta", "read_me
 _T = TypeVar("_T")
 _ID = Field(min_length=1, max_length=128)
 SUBSCRIPTION_NOT_FOUND: Final = "subscription_not_found"
+SUBSCRIPTION_LIMIT_REACHED: Final = "subscription_limit_reached"
 
 
 # ------------------------------------------------------------------------------------ the call
@@ -347,6 +348,7 @@ async def feed_subscriptions_create(call: ToolCall, args: SubscriptionArguments)
     """The checks (the SSRF one resolves the host, so it is async) come first, as argument
     validation does for every tool: a replay re-checks the URL before it is answered, and a
     different request with a refused URL is ``invalid_params`` rather than a conflict."""
+    _require_authenticated(call.caller)
     spec = feed.SubscriptionSpec(args.url, args.transport, args.event_types, call.caller.profile)
     try:
         checked = await feed.check_subscription(spec, call.settings, resolver=call.resolver)
@@ -356,7 +358,7 @@ async def feed_subscriptions_create(call: ToolCall, args: SubscriptionArguments)
         lambda session: _change(
             session,
             call,
-            lambda: _subscription_body(feed.add_subscription(session, checked)),
+            lambda: _new_subscription(session, call.caller, checked),
             operation="feed.subscriptions.create",
             arguments=args.model_dump(mode="json"),
         )
@@ -364,6 +366,8 @@ async def feed_subscriptions_create(call: ToolCall, args: SubscriptionArguments)
 
 
 async def feed_subscriptions_list(call: ToolCall, args: SubscriptionPage) -> dict[str, Any]:
+    _require_authenticated(call.caller)
+
     def work(session: Session) -> dict[str, Any]:
         page = feed.list_subscriptions(
             session,
@@ -382,6 +386,8 @@ async def feed_subscriptions_list(call: ToolCall, args: SubscriptionPage) -> dic
 
 
 async def feed_subscriptions_delete(call: ToolCall, args: SubscriptionRef) -> dict[str, Any]:
+    _require_authenticated(call.caller)
+
     def work(session: Session) -> dict[str, Any]:
         try:
             subscription = feed.get_subscription(session, args.subscription_id)
@@ -420,7 +426,11 @@ def _change(
 ) -> dict[str, Any]:
     """Run a state change through ``perform`` (``_meta.usp.idempotency_key`` is the REST
     ``Idempotency-Key``; the operation names are the REST routes', so the stored request hashes
-    mean the same in both bindings)."""
+    mean the same in both bindings). The business acts for whichever profile it names under one
+    principal, so for it the profile is part of the request: a key reused for another profile is
+    a conflict, not another platform's answer replayed."""
+    if call.caller.is_business:
+        arguments = {**arguments, "_profile": call.caller.profile}
     answer = _checked(
         lambda: domain.perform(
             session,
@@ -466,6 +476,15 @@ def _platform_key_thumbprint(meta: UspMeta) -> str | None:
         raise protocol_error(INVALID_PARAMS, "_meta.usp.platform_key is not a valid public JWK") from None
 
 
+def _require_authenticated(caller: Caller) -> None:
+    """Feed subscriptions are a profile's event stream (buyer details included): an anonymous
+    caller, let in by the policy for bookings, proves no profile and may not touch them."""
+    if caller.principal is None and not caller.is_business:
+        raise protocol_error(
+            UNAUTHENTICATED, "feed subscriptions carry your profile's events: authenticate to manage them"
+        )
+
+
 def _owns(caller: Caller, subscription: Subscription) -> bool:
     return caller.is_business or (
         caller.profile is not None and subscription.platform_profile == caller.profile
@@ -479,6 +498,24 @@ def _visible_subscriptions(caller: Caller) -> str | feed.AnyProfile:
     if caller.profile is None:  # authorize() requires one on these tools; never "the business's"
         raise protocol_error(INVALID_PARAMS, "_meta.usp.profile is required")
     return caller.profile
+
+
+def _new_subscription(session: Session, caller: Caller, checked: feed.CheckedSubscription) -> dict[str, Any]:
+    """Store the subscription, unless the platform's profile holds as many as it may already
+    (inside ``perform``, so a replay answers what the first call got)."""
+    profile = checked.platform_profile
+    if (
+        not caller.is_business
+        and profile is not None
+        and feed.count_active_subscriptions(session, profile) >= feed.MAX_PROFILE_SUBSCRIPTIONS
+    ):
+        return business_outcome(
+            SUBSCRIPTION_LIMIT_REACHED,
+            f"Your platform profile already has {feed.MAX_PROFILE_SUBSCRIPTIONS} active subscriptions, "
+            "the most it may hold: delete one first.",
+            severity="recoverable",
+        )
+    return _subscription_body(feed.add_subscription(session, checked))
 
 
 def _subscription_body(subscription: Subscription) -> dict[str, Any]:

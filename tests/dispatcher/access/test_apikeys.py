@@ -11,7 +11,13 @@ from sqlmodel import Session, select
 from typer.testing import CliRunner
 
 from usp_dispatcher import cli
-from usp_dispatcher.access import AccessError, authenticate_bearer, issue_api_key, revoke_api_key
+from usp_dispatcher.access import (
+    AccessError,
+    authenticate_bearer,
+    bound_profile,
+    issue_api_key,
+    revoke_api_key,
+)
 from usp_dispatcher.access.apikeys import create_api_key, hash_api_key, lookup_api_key
 from usp_dispatcher.domain.tables import ApiKeyRow
 from usp_workers.settings import Settings
@@ -121,3 +127,18 @@ def test_cli_refuses_a_bad_principal(migrated: Engine, database_url: str) -> Non
     )
     assert result.exit_code == 2
     assert not KEY_SHAPE.search(result.output)
+
+
+def test_cli_binds_a_key_to_the_profile_it_names(
+    migrated: Engine, database_url: str, session: Session
+) -> None:
+    env = {"USP_DATABASE_URL": database_url}
+    profile = "https://acme.example/profiles/agent.json"
+    created = CliRunner().invoke(cli.app, ["api-keys", "create", "acme", "--profile", profile], env=env)
+    assert created.exit_code == 0, created.output
+    assert bound_profile(session, "key:acme") == profile
+    other = CliRunner().invoke(
+        cli.app, ["api-keys", "create", "acme", "--profile", "https://other.example/p.json"], env=env
+    )
+    assert other.exit_code == 2
+    assert not KEY_SHAPE.search(other.output)

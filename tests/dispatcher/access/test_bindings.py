@@ -9,7 +9,7 @@ import pytest
 from sqlalchemy.engine import Engine
 from sqlmodel import Session, select
 
-from usp_dispatcher.access import AccessError, bind_profile, bound_profile
+from usp_dispatcher.access import AccessError, bind_profile, bound_profile, issue_api_key
 from usp_dispatcher.domain.tables import PrincipalProfileRow
 from usp_workers import db
 
@@ -66,3 +66,17 @@ def test_concurrent_first_pairings_agree(migrated: Engine, same_profile: bool) -
     assert winner in (PROFILE, OTHER_PROFILE)
     expected = ["bound" if profile == winner else "forbidden" for profile in profiles]
     assert outcomes == expected
+
+
+def test_a_key_issued_for_a_profile_is_bound_before_its_first_call(session: Session) -> None:
+    """First-contact binding would let a new key claim any unbound profile; an operator who
+    names the platform when issuing the key closes that window."""
+    issue_api_key(session, "acme", profile=PROFILE)
+    assert bound_profile(session, "key:acme") == PROFILE
+    with pytest.raises(AccessError) as caught:
+        bind_profile(session, "key:acme", OTHER_PROFILE)
+    assert caught.value.code == -32003
+    with pytest.raises(ValueError, match="bound to another profile"):
+        issue_api_key(session, "acme", profile=OTHER_PROFILE)
+    with pytest.raises(ValueError, match="profile"):
+        issue_api_key(session, "globex", profile="not a uri")

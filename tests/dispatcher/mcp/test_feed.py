@@ -118,3 +118,34 @@ def test_list_subscriptions_filters_by_profile(mcp_engine: Engine) -> None:
         assert ids(platform_profile=None) == [made[None]]
         assert ids(platform_profile=PROFILE) == [made[PROFILE]]
         assert ids(platform_profile="https://nobody.example/p.json") == []
+
+
+async def test_a_platform_keeps_a_bounded_number_of_active_subscriptions(
+    mcp_engine: Engine, settings: Settings, acme_key: str, globex_key: str
+) -> None:
+    """Every event fans out to each of a profile's subscriptions: without a bound, one platform
+    could turn each catalog event into thousands of POSTs at a URL of its choosing."""
+    cap = feed.MAX_PROFILE_SUBSCRIPTIONS
+    async with connect(mcp_engine, settings) as client:
+        made = [
+            await ok(client, "usp_feed_subscriptions_create", {"url": f"{HOOK}/{n}", **usp(key=acme_key)})
+            for n in range(cap)
+        ]
+        message = await outcome(
+            client,
+            "usp_feed_subscriptions_create",
+            {"url": HOOK, **usp(key=acme_key)},
+            "subscription_limit_reached",
+        )
+        assert str(cap) in message["content"]
+        # another platform is not held back by acme's subscriptions
+        await ok(
+            client,
+            "usp_feed_subscriptions_create",
+            {"url": HOOK, **usp(profile=OTHER_PROFILE, key=globex_key)},
+        )
+        # a deleted subscription frees its place
+        first = made[0]["subscription"]["id"]
+        await ok(client, "usp_feed_subscriptions_delete", {"subscription_id": first, **usp(key=acme_key)})
+        await ok(client, "usp_feed_subscriptions_create", {"url": HOOK, **usp(key=acme_key)})
+    assert len(_subscriptions(mcp_engine)) == cap + 2

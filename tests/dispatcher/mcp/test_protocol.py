@@ -117,3 +117,16 @@ async def test_a_platform_key_must_be_a_valid_public_jwk(
             )
             assert why in text
             assert private["d"] not in text
+
+
+async def test_an_unexpected_argument_name_is_not_echoed_when_unprintable_or_long(
+    mcp_engine: Engine, settings: Settings
+) -> None:
+    """An argument's name is input too: a line separator in it broke line-based readers of the
+    answer (U+0085), and a credential pasted as a name would be echoed whole."""
+    secret = "sk_live_" + "x" * 200
+    async with connect(mcp_engine, settings) as client:
+        for name in ("\x85", "a\nb", secret):
+            text = await refused(client, "usp_availability_query", {name: None, **window()}, -32602)
+            assert name not in text
+            assert text.isprintable()

@@ -365,3 +365,74 @@ async def test_only_an_authenticated_principals_session_receives_live_webhooks(
         await ok(client, "usp_feed_subscriptions_list", usp(key=acme_key))
         assert hub.session_keys == frozenset({STDIO_SESSION})
         hub.detach(STDIO_SESSION)
+
+
+async def test_an_anonymous_caller_naming_a_profile_gets_none_of_that_profiles_objects(
+    mcp_engine: Engine, make_settings: MakeSettings, acme_key: str
+) -> None:
+    """With anonymous platforms allowed, naming a profile proves nothing: an anonymous caller
+    may not read, cancel or leave what an authenticated platform of that profile made, nor list,
+    delete or create the profile's feed subscriptions (a subscription of its own for the
+    profile would deliver that platform's bookings, buyer details included, to any URL). Its own
+    bookings stay in reach through their booking-scoped credentials."""
+    open_policy = make_settings(require_authentication=False)
+    hook = "http://127.0.0.1:9/hooks/usp"
+    async with connect(mcp_engine, open_policy) as client:
+        slots = await free_slots(client)
+        booking_id = (await book(client, slots[0]["id"], key=acme_key))["booking"]["id"]
+        entry = await ok(
+            client,
+            "usp_waitlist_join",
+            {
+                "service_id": HAIRCUT,
+                "desired_window": _window(datetime.now(UTC) + timedelta(days=1), 8),
+                "buyer": BOB,
+                **usp(key=acme_key),
+            },
+        )
+        entry_id = entry["waitlist_entry"]["id"]
+        sub = await ok(client, "usp_feed_subscriptions_create", {"url": hook, **usp(key=acme_key)})
+        ref = {"booking_id": booking_id, **usp()}
+        await outcome(client, "usp_bookings_get", ref, "booking_not_found")
+        await outcome(client, "usp_bookings_cancel", ref, "booking_not_found")
+        await outcome(
+            client, "usp_waitlist_leave", {"waitlist_entry_id": entry_id, **usp()}, "waitlist_entry_not_found"
+        )
+        await refused(client, "usp_feed_subscriptions_list", usp(), -32001)
+        await refused(
+            client,
+            "usp_feed_subscriptions_delete",
+            {"subscription_id": sub["subscription"]["id"], **usp()},
+            -32001,
+        )
+        await refused(client, "usp_feed_subscriptions_create", {"url": hook, **usp()}, -32001)
+        # the anonymous platform's own booking: through its credential
+        mine = await ok(
+            client,
+            "usp_bookings_create",
+            {"service_id": HAIRCUT, "slot_id": slots[1]["id"], "buyer": ALICE, **usp()},
+        )
+        scoped = {"booking_id": mine["booking"]["id"], **usp(credential=mine["booking_scoped_credential"])}
+        assert (await ok(client, "usp_bookings_get", scoped))["booking"]["id"] == mine["booking"]["id"]
+    with db.session(mcp_engine) as session:
+        assert session.get(BookingRow, booking_id).state == "pending"  # type: ignore[union-attr]
+
+
+async def test_the_business_reusing_a_key_for_another_profile_is_a_conflict_not_a_replay(
+    mcp_engine: Engine, settings: Settings
+) -> None:
+    """The business acts for whichever profile it names, under one principal: a key it used for
+    one platform's booking must not replay that booking (with a credential issued to the other
+    platform) when it names another profile."""
+    async with connect(mcp_engine, settings) as client:
+        slot = (await free_slots(client))[0]
+        arguments = {"service_id": HAIRCUT, "slot_id": slot["id"], "buyer": ALICE}
+        await ok(
+            client, "usp_bookings_create", {**arguments, **usp(key=ADMIN_TOKEN, idempotency_key="biz-1")}
+        )
+        await outcome(
+            client,
+            "usp_bookings_create",
+            {**arguments, **usp(profile=OTHER_PROFILE, key=ADMIN_TOKEN, idempotency_key="biz-1")},
+            "idempotency_conflict",
+        )

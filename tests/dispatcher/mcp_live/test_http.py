@@ -10,8 +10,10 @@ import httpx
 import pytest
 from sqlalchemy.engine import Engine
 
+from usp_dispatcher import access
 from usp_dispatcher.mcp.http import MCPEndpoint
 from usp_receiver import JWKS
+from usp_workers import db
 
 from ..mcp.support import OTHER_PROFILE, PROFILE, book, free_slots, ok, usp
 from .support import Platform, connect, emit, proxied, wait_until
@@ -249,3 +251,39 @@ class raw_session:
 
     async def __aexit__(self, *exc_info: object) -> None:
         await self._http.aclose()
+
+
+async def test_an_in_band_bearer_does_not_attach_a_session_no_transport_credential_opened(
+    base_url: str, endpoint: MCPEndpoint, acme_key: str, business_keys: JWKS
+) -> None:
+    """A session opened without ``Authorization`` is bound to nobody: anyone holding its id may
+    read its stream. A privileged call authenticated only in-band (``_meta.usp.authorization``)
+    is served, but the platform's events are not pushed into such a session."""
+    platform = Platform(business_keys)
+    hub = endpoint.hub
+    assert hub is not None
+    async with connect(f"{base_url}/mcp", platform) as client:  # no transport credential
+        arguments = {"url": HOOK, "event_types": ["booking.*"], **usp(profile=PROFILE, key=acme_key)}
+        await ok(client, "usp_feed_subscriptions_create", arguments)
+        assert hub.session_keys == frozenset()
+
+
+async def test_revoking_the_platforms_api_key_stops_the_pushes_to_its_open_session(
+    base_url: str, engine: Engine, endpoint: MCPEndpoint, acme_key: str, business_keys: JWKS
+) -> None:
+    """An open GET stream keeps a session alive for as long as the client holds it; revoking the
+    key that opened it must end what the business pushes there, not only the next request."""
+    platform = Platform(business_keys)
+    hub = endpoint.hub
+    assert hub is not None
+    async with connect(f"{base_url}/mcp", platform, key=acme_key) as client:
+        await subscribe(client)
+        before = emit(engine, "booking.created", audience=PROFILE)
+        await platform.wait_for(before)
+        with db.session(engine) as session:
+            (row,) = access.list_api_keys(session)
+            assert access.revoke_api_key(session, row.id)
+        after = emit(engine, "booking.confirmed", audience=PROFILE)
+        await wait_until(lambda: hub.session_keys == frozenset())
+    assert platform.event_ids == [before]
+    assert after not in platform.event_ids
