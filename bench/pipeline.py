@@ -392,7 +392,7 @@ def free_port() -> int:
 
 
 @contextmanager
-def database(kind: str, folder: Path, postgres_url: str) -> Iterator[str]:
+def database(kind: str, folder: Path, postgres_url: str, pg_options: str = "") -> Iterator[str]:
     """A fresh database URL: a SQLite file, or a PostgreSQL schema of its own (dropped after)."""
     if kind == "sqlite":
         yield f"sqlite:///{folder / 'usp.sqlite3'}"
@@ -403,7 +403,7 @@ def database(kind: str, folder: Path, postgres_url: str) -> Iterator[str]:
         with admin.begin() as connection:
             connection.execute(sa.text(f'CREATE SCHEMA "{schema}"'))
         url = sa.make_url(postgres_url).update_query_dict(
-            {"options": f"-csearch_path={schema}", "application_name": APP_NAME}
+            {"options": f"-csearch_path={schema} {pg_options}".strip(), "application_name": APP_NAME}
         )
         yield url.render_as_string(hide_password=False)
     finally:
@@ -548,7 +548,7 @@ def run_config(config: Config, args: argparse.Namespace, folder: Path) -> Result
     broker = args.redis_url if config.broker == "redis" else f"sqla+sqlite:///{folder / 'broker.sqlite3'}"
     if config.broker == "redis":
         flush_redis(args.redis_url)
-    with database(config.database, folder, args.postgres_url) as url:
+    with database(config.database, folder, args.postgres_url, args.pg_options) as url:
         fields: dict[str, Any] = {
             "database_url": url,
             "broker_url": broker,
@@ -677,6 +677,21 @@ def measure(
     result.paced_events = len(committed)
     result.p50 = statistics.median(latencies)
     result.p99 = latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))]
+    if args.timeline:
+        print_timeline(committed, arrivals)
+
+
+def print_timeline(committed: Mapping[str, float], arrivals: Mapping[str, float]) -> None:
+    """Per second of the paced phase: events, p50, p99 and max latency (where the tail sits)."""
+    start = min(committed.values())
+    seconds: dict[int, list[float]] = {}
+    for event_id, moment in committed.items():
+        seconds.setdefault(int(moment - start), []).append((arrivals[event_id] - moment) * 1000)
+    for second, values in sorted(seconds.items()):
+        values.sort()
+        p99 = values[min(len(values) - 1, int(len(values) * 0.99))]
+        print(f"  t={second:>2}s  n={len(values):>5}  p50={statistics.median(values):6.1f}  "
+              f"p99={p99:6.1f}  max={values[-1]:6.1f} ms")  # fmt: skip
 
 
 # ============================================================================ signing
@@ -756,6 +771,14 @@ def main() -> None:
     parser.add_argument("--redis-url", default=DEFAULT_REDIS)
     parser.add_argument("--postgres-url", default=DEFAULT_POSTGRES)
     parser.add_argument("--keep", action="store_true", help="keep the logs folder")
+    parser.add_argument("--timeline", action="store_true", help="print the paced phase's latency per second")
+    parser.add_argument(
+        "--pg-options",
+        default="",
+        help="more options for every PostgreSQL session, to diagnose: e.g. "
+        "'-csession_preload_libraries=auto_explain -cauto_explain.log_min_duration=10 "
+        "-cauto_explain.log_analyze=on' logs the plans of slow statements",
+    )
     args = parser.parse_args()
 
     chosen = [c.strip() for c in args.only.split(",") if c.strip()] or list(CONFIGS)

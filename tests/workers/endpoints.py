@@ -121,11 +121,14 @@ async def respond(
 
 class UspReceiver:
     """The receiver library verifying REST deliveries; ``handled`` lists handled event ids (its
-    dedupe runs the handler once per event), ``handled_at`` when each was handled (monotonic)."""
+    dedupe runs the handler once per event), ``handled_at`` when each was handled (monotonic).
+    ``delay``: seconds each request waits before it is verified, as a real endpoint's work
+    would (a worker then holds its claimed deliveries for at least that long)."""
 
-    def __init__(self, jwks: JWKS) -> None:
+    def __init__(self, jwks: JWKS, *, delay: float = 0.0) -> None:
         self.handled: list[str] = []
         self.handled_at: dict[str, float] = {}
+        self.delay = delay
         self.app = WebhookApp(WebhookReceiver(Verifier(jwks), self._handle))
 
     def _handle(self, hook: ReceivedWebhook) -> None:
@@ -133,6 +136,8 @@ class UspReceiver:
         self.handled.append(hook.event.event_id)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if self.delay:
+            await anyio.sleep(self.delay)
         await self.app(scope, receive, send)
 
 

@@ -203,11 +203,13 @@ def test_a_worker_killed_mid_run_loses_nothing(
         "requeue_after_seconds": 5.0,
         # A try that times out under load is retried, never dead: "lost" would be a false alarm.
         "retry_schedule": (0.5,) * 10,
-        "per_endpoint_concurrency": 64,
+        "per_endpoint_concurrency": 16,
         "batch_size": 20,
     }
     jwks = jwks_of(pipeline)
-    receivers = {"a": UspReceiver(jwks), "b": UspReceiver(jwks)}
+    # Each request takes 50 ms, so a worker holds the deliveries it claimed (in flight, under
+    # its lease) for a while: the kill below finds some, and they must come back by the lease.
+    receivers = {"a": UspReceiver(jwks, delay=0.05), "b": UspReceiver(jwks, delay=0.05)}
     for name, receiver in receivers.items():
         subscribe(pipeline.engine, endpoints.add(name, receiver))
     first, second = start_worker("worker-1"), start_worker("worker-2")
@@ -228,8 +230,11 @@ def test_a_worker_killed_mid_run_loses_nothing(
     emitter = threading.Thread(target=emit_all)
     emitter.start()
     wait_for_status(pipeline.engine, DeliveryStatus.SUCCEEDED, 500, 60, first.diagnose, second.diagnose)
-    in_flight = status_counts(pipeline.engine).get(DeliveryStatus.IN_FLIGHT.value, 0)
+    # Kill while many deliveries are in flight (a worker holds up to 32 batches of 20), so that
+    # the killed worker almost surely holds some: the relay must reclaim them below.
+    wait_for_status(pipeline.engine, DeliveryStatus.IN_FLIGHT, 100, 30, first.diagnose, second.diagnose)
     first.kill()
+    in_flight = status_counts(pipeline.engine).get(DeliveryStatus.IN_FLIGHT.value, 0)
     done_at_kill = status_counts(pipeline.engine).get(DeliveryStatus.SUCCEEDED.value, 0)
     restarted = start_worker("worker-1-restarted")
     emitter.join(60)
@@ -244,10 +249,10 @@ def test_a_worker_killed_mid_run_loses_nothing(
     assert dead_deliveries(pipeline.engine) == []
     sent = sum(posts(hub, endpoints.path(name)) for name in receivers)
     reclaimed = _reclaimed(relay.output())
-    assert reclaimed > 0, "the killed worker held deliveries, which came back through their lease"
+    assert reclaimed > 0, f"what the killed worker held comes back by its lease ({in_flight} in flight)"
     report(
         capsys,
-        f"worker SIGKILLed at {done_at_kill}/2000 succeeded ({in_flight} in flight): "
+        f"worker SIGKILLed at {done_at_kill}/2000 succeeded ({in_flight} in flight just after): "
         f"{reclaimed} expired leases reclaimed, {sent - 2000} duplicate POSTs "
         f"({attempt_count(pipeline.engine)} attempts recorded), 0 lost, 0 handled twice",
     )

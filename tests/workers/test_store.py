@@ -6,6 +6,8 @@ import threading
 from collections import Counter
 from datetime import timedelta
 
+import pytest
+import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 from usp_workers.models import DeliveryStatus, utcnow
@@ -75,3 +77,26 @@ def test_record_is_fenced_by_the_lease(database: Engine) -> None:
     assert record(database, attempts=[], updates=[fresh], lease_until=new_lease, now=later) == {delivery_id}
     row = delivery(database, delivery_id)
     assert (row.status, row.attempt_count, row.lease_until) == (DeliveryStatus.SUCCEEDED, 1, None)
+
+
+def test_a_claim_skips_rows_another_transaction_holds_instead_of_waiting(database: Engine) -> None:
+    if database.dialect.name != "postgresql":
+        pytest.skip("SQLite has no row locks: it runs one writer at a time")
+    add_subscription(database, "http://127.0.0.1:9/a")
+    ids = [emit_event(database)[1][0] for _ in range(2)]
+    now = utcnow()
+    lease = now + timedelta(seconds=30)
+    claimed: list[Claimed] = []
+    with database.connect() as other:
+        other.execute(sa.text("SELECT id FROM usp_deliveries WHERE id = :id FOR UPDATE"), {"id": ids[0]})
+        claiming = threading.Thread(
+            target=lambda: claimed.extend(claim(database, ids, now=now, lease_until=lease))
+        )
+        claiming.start()
+        claiming.join(10)
+        finished = not claiming.is_alive()
+        other.rollback()  # a claim that waited on the lock is released here, and fails below
+    claiming.join(10)
+    assert finished
+    assert [c.id for c in claimed] == ids[1:]
+    assert [c.id for c in claim(database, ids, now=now, lease_until=lease)] == ids[:1]  # free now
