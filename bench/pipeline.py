@@ -641,22 +641,13 @@ def measure(
 ) -> None:
     """Phase 1: a burst of ``--events``; phase 2: paced at half the burst's rate."""
     timeout = args.timeout
-    before = {p.name: p.cpu_seconds() for p in stack.processes}
-    postgres_before = postgres_cpu(engine)
-    own = time.process_time()
+    meter = CpuMeter(stack, engine)
     started = time.time()
     committed = emit_burst(engine, args.events, args.transaction)
-    emitter = time.process_time() - own
+    emitter = time.process_time() - meter.own
     arrivals = receiver.wait_for(set(committed), timeout)
     finished = max(arrivals.values())
-    used: dict[str, float] = {"emitter": emitter}
-    if postgres_before or engine.dialect.name == "postgresql":
-        after = postgres_cpu(engine)
-        used["postgres"] = sum(after.values()) - sum(postgres_before.get(pid, 0.0) for pid in after)
-    for process in stack.processes:
-        kind = process.name.split("-")[0]
-        used[kind] = used.get(kind, 0.0) + process.cpu_seconds() - before[process.name]
-    result.cpu_us = {k: v * 1e6 / len(committed) for k, v in used.items()}
+    result.cpu_us = {k: v * 1e6 / len(committed) for k, v in meter.used(emitter).items()}
     result.seconds = finished - started
     result.rate = len(committed) / result.seconds
     deadline = time.monotonic() + 30
@@ -670,8 +661,10 @@ def measure(
         return
     receiver.reset()
     paced = result.rate * args.paced_fraction
+    meter = CpuMeter(stack, engine)
     committed = emit_paced(engine, paced, args.latency_seconds)
     arrivals = receiver.wait_for(set(committed), timeout)
+    paced_cpu = meter.used(time.process_time() - meter.own)
     latencies = sorted((arrivals[i] - committed[i]) * 1000 for i in committed)
     result.paced_rate = len(committed) / args.latency_seconds
     result.paced_events = len(committed)
@@ -679,6 +672,33 @@ def measure(
     result.p99 = latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))]
     if args.timeline:
         print_timeline(committed, arrivals)
+        per_delivery = {k: v * 1e6 / len(committed) for k, v in paced_cpu.items()}
+        cores = sum(paced_cpu.values()) / args.latency_seconds
+        print(f"  paced: CPU µs/delivery {' · '.join(f'{k} {v:,.0f}' for k, v in per_delivery.items())}; "
+              f"{cores:.2f} cores busy")  # fmt: skip
+
+
+class CpuMeter:
+    """CPU seconds used from its creation on, by component: the stack's processes (by name
+    prefix), PostgreSQL's backends serving the bench, and this process (the emitter)."""
+
+    def __init__(self, stack: Stack, engine: Engine) -> None:
+        self.stack = stack
+        self.engine = engine
+        self.before = {p.name: p.cpu_seconds() for p in stack.processes}
+        self.postgres_before = postgres_cpu(engine)
+        self.own = time.process_time()
+
+    def used(self, emitter: float) -> dict[str, float]:
+        """Seconds used since creation; ``emitter``: this process's share to count."""
+        used: dict[str, float] = {"emitter": emitter}
+        if self.postgres_before or self.engine.dialect.name == "postgresql":
+            after = postgres_cpu(self.engine)
+            used["postgres"] = sum(after.values()) - sum(self.postgres_before.get(pid, 0.0) for pid in after)
+        for process in self.stack.processes:
+            kind = process.name.split("-")[0]
+            used[kind] = used.get(kind, 0.0) + process.cpu_seconds() - self.before[process.name]
+        return used
 
 
 def print_timeline(committed: Mapping[str, float], arrivals: Mapping[str, float]) -> None:
