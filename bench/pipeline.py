@@ -644,7 +644,7 @@ def measure(
     meter = CpuMeter(stack, engine)
     started = time.time()
     committed = emit_burst(engine, args.events, args.transaction)
-    emitter = time.process_time() - meter.own
+    emitter = meter.own_seconds()
     arrivals = receiver.wait_for(set(committed), timeout)
     finished = max(arrivals.values())
     result.cpu_us = {k: v * 1e6 / len(committed) for k, v in meter.used(emitter).items()}
@@ -663,17 +663,18 @@ def measure(
     paced = result.rate * args.paced_fraction
     meter = CpuMeter(stack, engine)
     committed = emit_paced(engine, paced, args.latency_seconds)
+    emitter = meter.own_seconds()
     arrivals = receiver.wait_for(set(committed), timeout)
-    paced_cpu = meter.used(time.process_time() - meter.own)
+    paced_cpu, paced_wall = meter.used(emitter), meter.wall_seconds()
     latencies = sorted((arrivals[i] - committed[i]) * 1000 for i in committed)
     result.paced_rate = len(committed) / args.latency_seconds
     result.paced_events = len(committed)
     result.p50 = statistics.median(latencies)
-    result.p99 = latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))]
+    result.p99 = p99_of(latencies)
     if args.timeline:
         print_timeline(committed, arrivals)
         per_delivery = {k: v * 1e6 / len(committed) for k, v in paced_cpu.items()}
-        cores = sum(paced_cpu.values()) / args.latency_seconds
+        cores = sum(paced_cpu.values()) / paced_wall
         print(f"  paced: CPU µs/delivery {' · '.join(f'{k} {v:,.0f}' for k, v in per_delivery.items())}; "
               f"{cores:.2f} cores busy")  # fmt: skip
 
@@ -688,6 +689,14 @@ class CpuMeter:
         self.before = {p.name: p.cpu_seconds() for p in stack.processes}
         self.postgres_before = postgres_cpu(engine)
         self.own = time.process_time()
+        self.wall = time.monotonic()
+
+    def own_seconds(self) -> float:
+        """This process's CPU seconds since creation."""
+        return time.process_time() - self.own
+
+    def wall_seconds(self) -> float:
+        return time.monotonic() - self.wall
 
     def used(self, emitter: float) -> dict[str, float]:
         """Seconds used since creation; ``emitter``: this process's share to count."""
@@ -709,9 +718,13 @@ def print_timeline(committed: Mapping[str, float], arrivals: Mapping[str, float]
         seconds.setdefault(int(moment - start), []).append((arrivals[event_id] - moment) * 1000)
     for second, values in sorted(seconds.items()):
         values.sort()
-        p99 = values[min(len(values) - 1, int(len(values) * 0.99))]
         print(f"  t={second:>2}s  n={len(values):>5}  p50={statistics.median(values):6.1f}  "
-              f"p99={p99:6.1f}  max={values[-1]:6.1f} ms")  # fmt: skip
+              f"p99={p99_of(values):6.1f}  max={values[-1]:6.1f} ms")  # fmt: skip
+
+
+def p99_of(ordered: Sequence[float]) -> float:
+    """The 99th percentile of ascending ``ordered`` (nearest rank, never past the last)."""
+    return ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))]
 
 
 # ============================================================================ signing

@@ -234,8 +234,9 @@ def test_a_worker_killed_mid_run_loses_nothing(
     # the killed worker almost surely holds some: the relay must reclaim them below.
     wait_for_status(pipeline.engine, DeliveryStatus.IN_FLIGHT, 100, 30, first.diagnose, second.diagnose)
     first.kill()
-    in_flight = status_counts(pipeline.engine).get(DeliveryStatus.IN_FLIGHT.value, 0)
-    done_at_kill = status_counts(pipeline.engine).get(DeliveryStatus.SUCCEEDED.value, 0)
+    at_kill = status_counts(pipeline.engine)
+    in_flight = at_kill.get(DeliveryStatus.IN_FLIGHT.value, 0)
+    done_at_kill = at_kill.get(DeliveryStatus.SUCCEEDED.value, 0)
     restarted = start_worker("worker-1-restarted")
     emitter.join(60)
     assert not emitter.is_alive(), "emitting took over a minute"
