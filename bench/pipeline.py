@@ -557,6 +557,7 @@ def run_config(config: Config, args: argparse.Namespace, folder: Path) -> Result
             "per_endpoint_concurrency": args.endpoint_concurrency,
             "relay_interval_seconds": 0.5,
             "key_publish_lead_seconds": 0.0,
+            "handoff_interval_seconds": args.handoff_interval,
         }
         settings = Settings(_env_file=None, **fields)
         env = {k: v for k, v in os.environ.items() if not k.startswith("USP_")}
@@ -797,6 +798,12 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=8, help="threads per engine worker")
     parser.add_argument("--naive-concurrency", type=int, default=2, help="prefork children per naive worker")
     parser.add_argument("--batch-size", type=int, default=50)
+    parser.add_argument(
+        "--handoff-interval",
+        type=float,
+        default=Settings.model_fields["handoff_interval_seconds"].default,
+        help="USP_HANDOFF_INTERVAL_SECONDS (0: one publish per commit)",
+    )
     parser.add_argument("--endpoint-concurrency", type=int, default=8, help="USP_PER_ENDPOINT_CONCURRENCY")
     parser.add_argument("--timeout", type=float, default=180.0, help="seconds to wait for a phase")
     parser.add_argument("--only", default="", help="comma-separated: redis,embedded,verify,naive")

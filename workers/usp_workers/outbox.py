@@ -6,7 +6,8 @@ event as an ORM row, the deliveries in one INSERT after the session's next flush
 subscriptions are read once per transaction, so a transaction of thousands of events costs a few
 statements, not thousands of round trips). Nothing leaves the process until that transaction
 commits; if it rolls back, nothing was ever sent. After the commit the
-deliveries are handed to the broker at once (low latency), and because each delivery is written
+deliveries are handed to the broker at once (low latency; the API's enqueuer coalesces commits
+under load, see :mod:`usp_workers.handoff`), and because each delivery is written
 already marked ``enqueued_at = now``, a crash between commit and hand-off loses nothing: the
 relay re-sends any due delivery still pending ``requeue_after_seconds`` after it was marked (see
 :mod:`usp_workers.relay`).

@@ -87,6 +87,13 @@ class Settings(BaseSettings):
         "is sent to the workers again by the scheduler",
     )
     batch_size: int = Field(default=50, ge=1, le=1000, description="deliveries per worker task")
+    handoff_interval_seconds: float = Field(
+        default=0.02,
+        ge=0,
+        description="a commit's deliveries go to the broker at once when the last hand-off is this old, "
+        "else with the commits made until then (fuller tasks under load; a full batch never waits); "
+        "0: every commit publishes on the committing thread",
+    )
     per_endpoint_concurrency: int = Field(
         default=8, ge=1, description="concurrent requests to one endpoint per worker"
     )

@@ -15,6 +15,7 @@ thousands of times a second. A batch shares that cost, its claim, its load and i
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
 import threading
@@ -31,6 +32,7 @@ from . import delivery, operations, outbox
 from .celery_app import DELIVER_TASK, QUEUE, make_celery, settings_of
 from .celery_app import app as default_app
 from .db import make_engine
+from .handoff import HandOff
 from .settings import Settings
 
 __all__ = [
@@ -42,6 +44,7 @@ __all__ = [
     "enqueue_deliveries",
     "enqueue_job",
     "enqueuer",
+    "flush_enqueuer",
     "install_enqueuer",
     "run_job",
     "uninstall_enqueuer",
@@ -189,6 +192,7 @@ worker_process_shutdown.connect(_on_worker_shutdown, weak=False)
 
 
 _installed: Celery | None = None
+_handoff: HandOff | None = None
 
 
 def enqueue_deliveries(
@@ -219,23 +223,60 @@ def enqueue_deliveries(
 def install_enqueuer(settings: Settings) -> Celery:
     """Make :func:`usp_workers.outbox.emit` in this process hand its committed deliveries to the
     broker of ``settings``; return the app used. A failed hand-off never reaches emit's caller:
-    the outbox logs it, and the relay re-sends the deliveries later."""
-    global _installed
+    it is logged, and the relay re-sends the deliveries later.
+
+    With ``handoff_interval_seconds`` > 0 (the default) the hand-off is a :class:`HandOff`:
+    published on its own thread, commits coalesced under load. Call :func:`flush_enqueuer` to
+    wait until what was committed so far is published."""
+    global _installed, _handoff
     celery = make_celery(settings)
-    previous, _installed = _installed, celery
-    outbox.set_enqueuer(enqueuer(celery))
-    if previous is not None:
-        previous.close()
+    publish = enqueuer(celery)
+    handoff = (
+        HandOff(publish, interval=settings.handoff_interval_seconds, batch_size=settings.batch_size)
+        if settings.handoff_interval_seconds > 0
+        else None
+    )
+    outbox.set_enqueuer(handoff or publish)
+    if handoff is not None and not _flush_at_exit:
+        _register_flush_at_exit()
+    previous = (_installed, _handoff)
+    _installed, _handoff = celery, handoff
+    _close(*previous)
     return celery
 
 
+def flush_enqueuer(timeout: float | None = 10.0) -> bool:
+    """Publish what the installed hand-off holds now and wait for it; False on timeout."""
+    handoff = _handoff
+    return handoff.flush(timeout) if handoff is not None else True
+
+
 def uninstall_enqueuer() -> None:
-    """Stop handing off after commit (the relay alone will find new deliveries)."""
-    global _installed
+    """Publish what the hand-off holds, then stop handing off after commit (the relay alone
+    will find new deliveries)."""
+    global _installed, _handoff
     outbox.set_enqueuer(None)
-    previous, _installed = _installed, None
-    if previous is not None:
-        previous.close()
+    previous = (_installed, _handoff)
+    _installed, _handoff = None, None
+    _close(*previous)
+
+
+_flush_at_exit = False
+
+
+def _register_flush_at_exit() -> None:
+    """Publish what the hand-off holds when the interpreter exits (its thread is a daemon, so
+    nothing else would; what an exit still loses, the relay re-sends)."""
+    global _flush_at_exit
+    _flush_at_exit = True
+    atexit.register(flush_enqueuer, 5.0)
+
+
+def _close(celery: Celery | None, handoff: HandOff | None) -> None:
+    if handoff is not None:
+        handoff.close()
+    if celery is not None:
+        celery.close()
 
 
 def enqueuer(celery: Celery) -> outbox.Enqueue:
