@@ -293,6 +293,7 @@ def test_a_flushed_broker_loses_nothing(
     subscribe(pipeline.engine, endpoints.add("usp", receiver))
     tasks.install_enqueuer(pipeline.settings)
     before = emit_events(pipeline.engine, 400, per_transaction=10)  # 40 messages wait in Redis
+    assert tasks.flush_enqueuer()
     assert pipeline.queued() == 40
 
     # The scheduler runs; the workers start only after the flush. With workers already

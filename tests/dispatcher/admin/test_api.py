@@ -21,7 +21,7 @@ from fastapi.testclient import TestClient
 from sqlalchemy.engine import Engine
 from sqlmodel import Session, col, select
 
-from usp_workers import operations
+from usp_workers import operations, tasks
 from usp_workers.celery_app import QUEUE
 from usp_workers.embedded_broker import make_broker_engine
 from usp_workers.models import Delivery, DeliveryStatus, EventRecord, Subscription, SubscriptionState
@@ -204,6 +204,7 @@ def test_replay_to_all_to_one_and_back_fill_keep_history(
     assert (kept.status, kept.attempt_count) == (DeliveryStatus.DEAD, 8), "history kept"
     new = [r.id for r in rows if r.id != original.id]
     assert all(r.status == DeliveryStatus.PENDING for r in rows if r.id in new)
+    assert tasks.flush_enqueuer(), "the API's hand-off publishes what it holds"
     handed = [arg for task, arg in broker_tasks(tmp_path) if task == "usp.deliver"]
     assert {i for batch in handed for i in batch} >= set(new), "handed to the broker after commit"
 
