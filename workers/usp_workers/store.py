@@ -27,9 +27,11 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from functools import cache
+from typing import Any, cast
 
 import sqlalchemy as sa
+from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.engine import Engine
 from sqlmodel import Session, SQLModel, col, select
 
@@ -124,56 +126,92 @@ def claim_and_load(
 def _claim(
     connection: sa.Connection, ids: Sequence[str], *, now: datetime, lease_until: datetime
 ) -> list[Claimed]:
-    if connection.dialect.name == "postgresql":
-        ids = _lock_due(connection, ids, now=now)
+    statements = _statements(connection.dialect.name)
+    if statements.lock is not None:
+        locked = connection.execute(statements.lock, {"ids": list(ids)})
+        ids = [row.id for row in locked if _is_due(row, now)]  # ours, locked, and due
         if not ids:
             return []
-        where: sa.ColumnElement[bool] = _deliveries.c.id.in_(ids)  # ours, locked, and due
-    else:
-        # SQLite serialises writers, so the condition in the UPDATE is the whole claim (a
-        # SELECT first would make this transaction a reader that later fails to upgrade).
-        where = sa.and_(_deliveries.c.id.in_(list(ids)), _due(now))
-    statement = (
-        sa.update(_deliveries)
-        .where(where)
-        .values(status=DeliveryStatus.IN_FLIGHT.value, lease_until=lease_until, updated_at=now)
-        .returning(
-            _deliveries.c.id,
-            _deliveries.c.event_id,
-            _deliveries.c.subscription_id,
-            _deliveries.c.attempt_count,
-        )
-    )
-    rows = connection.execute(statement).all()
+    params = {"ids": list(ids), "claimed_at": now, "new_lease": lease_until}
+    rows = connection.execute(statements.claim, params).all()
     return [Claimed(row.id, row.event_id, row.subscription_id, row.attempt_count) for row in rows]
 
 
-def _lock_due(connection: sa.Connection, ids: Sequence[str], *, now: datetime) -> list[str]:
-    """Lock ``ids`` by primary key (``FOR UPDATE SKIP LOCKED``: a row another worker is claiming
-    or recording is skipped, never waited for) and return those that are due.
+@dataclass(frozen=True)
+class _Statements:
+    """The claim's and the load's statements, built once per dialect, their parameters (``ids``,
+    ``claimed_at``, ``new_lease``) bound at execution.
 
-    Why not one ``UPDATE … WHERE id IN (…) AND <due>``: PostgreSQL may then plan the scan on the
-    due index (``status, next_attempt_at``), which matches every pending delivery, instead of
-    the primary key, which matches the batch. It does whenever its statistics are stale (a new
-    or fast-growing table, before autovacuum analyses it): measured under bench/pipeline.py,
-    claims of 50 ids re-ran that scan per row and took 3 to 4 s each. Here the only condition
-    PostgreSQL sees is the primary key; "due" is decided on the rows we hold locked, so it
-    cannot change before the UPDATE.
+    Why built once: constructing a statement and computing its cache key cost more Python than
+    executing it, per batch. Why ``= ANY(:ids)`` on PostgreSQL, not ``IN (…)``: one statement
+    text whatever the batch's size, so psycopg prepares it after a few uses and PostgreSQL stops
+    parsing and planning it per batch.
+
+    On PostgreSQL the batch is first locked by primary key (``lock``, ``FOR UPDATE SKIP
+    LOCKED``: a row another worker is claiming or recording is skipped, never waited for), "due"
+    is decided in Python on the locked rows (:func:`_is_due`), and ``claim`` updates them by
+    primary key alone. Why not one ``UPDATE … WHERE id IN (…) AND <due>``: PostgreSQL may then
+    plan the scan on the due index (``status, next_attempt_at``), which matches every pending
+    delivery, instead of the primary key, which matches the batch. It does whenever its
+    statistics are stale (a new or fast-growing table, before autovacuum analyses it): measured
+    under bench/pipeline.py, claims of 50 ids re-ran that scan per row and took 3 to 4 s each.
+
+    On SQLite, which serialises writers, the condition in the UPDATE is the whole claim (a
+    SELECT first would make the transaction a reader that later fails to upgrade).
     """
-    statement = (
-        sa.select(
-            _deliveries.c.id,
-            _deliveries.c.status,
-            _deliveries.c.next_attempt_at,
-            _deliveries.c.lease_until,
-        )
-        .where(_deliveries.c.id.in_(list(ids)))
-        .with_for_update(skip_locked=True)
+
+    lock: sa.Select[Any] | None
+    claim: sa.Update
+    events: Any  #: ``select(EventRecord)`` by ``ids``
+    subscriptions: Any  #: ``select(Subscription)`` by ``ids``
+
+
+@cache
+def _statements(dialect: str) -> _Statements:
+    returned = (
+        _deliveries.c.id,
+        _deliveries.c.event_id,
+        _deliveries.c.subscription_id,
+        _deliveries.c.attempt_count,
     )
-    return [row.id for row in connection.execute(statement) if _is_due(row, now)]
+    claim = sa.update(_deliveries).values(
+        status=DeliveryStatus.IN_FLIGHT.value,
+        lease_until=sa.bindparam("new_lease"),
+        updated_at=sa.bindparam("claimed_at"),
+    )
+    by_id = _among(_deliveries.c.id, dialect)
+    lock = None
+    if dialect == "postgresql":
+        lock = (
+            sa.select(
+                _deliveries.c.id,
+                _deliveries.c.status,
+                _deliveries.c.next_attempt_at,
+                _deliveries.c.lease_until,
+            )
+            .where(by_id)
+            .with_for_update(skip_locked=True)
+        )
+        claim = claim.where(by_id)
+    else:
+        claim = claim.where(by_id, _due(sa.bindparam("claimed_at")))
+    return _Statements(
+        lock=lock,
+        claim=claim.returning(*returned),
+        events=select(EventRecord).where(_among(col(EventRecord.id), dialect)),
+        subscriptions=select(Subscription).where(_among(col(Subscription.id), dialect)),
+    )
 
 
-def _due(now: datetime) -> sa.ColumnElement[bool]:
+def _among(column: Any, dialect: str) -> sa.ColumnElement[bool]:
+    """``column`` is one of the list bound as ``ids`` at execution: ``= ANY(array)`` on
+    PostgreSQL (one statement text for any count), an expanding ``IN`` elsewhere."""
+    if dialect == "postgresql":
+        return cast(sa.ColumnElement[bool], column == sa.any_(sa.bindparam("ids", type_=ARRAY(sa.String))))
+    return cast(sa.ColumnElement[bool], column.in_(sa.bindparam("ids", expanding=True)))
+
+
+def _due(now: Any) -> sa.ColumnElement[bool]:
     """A delivery a worker may claim at ``now``, in SQL (:func:`_is_due` in Python)."""
     return sa.or_(
         sa.and_(
@@ -188,7 +226,7 @@ def _due(now: datetime) -> sa.ColumnElement[bool]:
 
 
 def _is_due(row: Any, now: datetime) -> bool:
-    """:func:`_due` for a row read under lock: pending and due, or in flight with its lease
+    """:func:`_due` for a row read under lock (PostgreSQL): pending and due, or in flight with its lease
     expired (its worker vanished)."""
     if row.status == DeliveryStatus.PENDING.value:
         return bool(row.next_attempt_at <= now)
@@ -206,12 +244,12 @@ def load(
 
 
 def _load(s: Session, claimed: Sequence[Claimed]) -> tuple[dict[str, EventRecord], dict[str, Subscription]]:
+    statements = _statements(s.get_bind().dialect.name)
     event_ids = sorted({c.event_id for c in claimed})
     subscription_ids = sorted({c.subscription_id for c in claimed})
-    events = {e.id: e for e in s.exec(select(EventRecord).where(col(EventRecord.id).in_(event_ids)))}
-    subscriptions = {
-        sub.id: sub for sub in s.exec(select(Subscription).where(col(Subscription.id).in_(subscription_ids)))
-    }
+    events = {e.id: e for e in s.exec(statements.events, params={"ids": event_ids})}
+    found = s.exec(statements.subscriptions, params={"ids": subscription_ids})
+    subscriptions = {sub.id: sub for sub in found}
     return events, subscriptions
 
 
@@ -237,7 +275,7 @@ def record(
             statement = (
                 sa.update(_deliveries)
                 .where(
-                    _deliveries.c.id.in_(ids),
+                    _among(_deliveries.c.id, connection.dialect.name),
                     _deliveries.c.status == DeliveryStatus.IN_FLIGHT.value,
                     _deliveries.c.lease_until == lease_until,
                 )
@@ -246,7 +284,7 @@ def record(
             )
             if tried:
                 statement = statement.values(attempt_count=_deliveries.c.attempt_count + 1)
-            applied.update(connection.execute(statement).scalars())
+            applied.update(connection.execute(statement, {"ids": ids}).scalars())
         if health_tallies:
             health.apply(connection, health_tallies, policy or health.HealthPolicy(), now=now)
         for subscription_id, reason in sorted(
