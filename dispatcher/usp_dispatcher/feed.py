@@ -68,6 +68,8 @@ MAX_PAGE = 200
 #: Active subscriptions one platform profile may hold over MCP: every event fans out to each,
 #: so an unbounded number would let one platform multiply deliveries to a URL of its choosing.
 MAX_PROFILE_SUBSCRIPTIONS: Final = 25
+#: The advisory lock key's prefix for counting a profile's subscriptions (PostgreSQL).
+_LIMIT_LOCK: Final = "usp.subscription_limit:"
 _MAX_PATTERNS = 64
 
 
@@ -237,7 +239,19 @@ def list_subscriptions(
 
 
 def count_active_subscriptions(session: Session, platform_profile: str) -> int:
-    """How many active subscriptions ``platform_profile`` holds."""
+    """How many active subscriptions ``platform_profile`` holds, counted under a lock on the
+    profile's subscriptions that lasts until the session's transaction ends.
+
+    Why the lock: a limit is a count, then an insert. Two creates for one profile at once would
+    both count one place left and both insert. On PostgreSQL a transaction-scoped advisory lock
+    keyed by the profile serialises them (the second counts after the first committed); SQLite
+    runs one writer at a time, and a reader that later writes after another writer committed
+    fails instead of inserting, so the limit holds there too.
+    """
+    if session.get_bind().dialect.name == "postgresql":
+        session.exec(
+            select(sa.func.pg_advisory_xact_lock(sa.func.hashtextextended(_LIMIT_LOCK + platform_profile, 0)))
+        ).one()
     statement = (
         select(sa.func.count())
         .select_from(Subscription)

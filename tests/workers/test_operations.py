@@ -306,6 +306,54 @@ async def test_replay_to_all_adds_deliveries_and_keeps_the_history(
     assert flaky.arrivals == [event_id]
 
 
+def test_a_replay_racing_retention_finds_no_event_instead_of_failing(database: Engine) -> None:
+    """Retention locks an old event FOR UPDATE and deletes it while a replay of it starts: the
+    replay waits for the prune, then answers "no such event", never a foreign-key error."""
+    if database.dialect.name != "postgresql":
+        pytest.skip("SQLite runs one writer at a time: the replay cannot interleave with a prune")
+    subscribe(database, "http://127.0.0.1:9/a")
+    event_id = emit_one(database)
+    outcome: list[BaseException | operations.Replayed] = []
+
+    def replay() -> None:
+        try:
+            with session(database) as s:
+                outcome.append(operations.replay_event(s, event_id))
+        except BaseException as exc:  # the test reports whatever it was
+            outcome.append(exc)
+
+    with database.connect() as pruner:
+        pruner.execute(sa.text("SELECT id FROM usp_events WHERE id = :id FOR UPDATE"), {"id": event_id})
+        pruner.execute(sa.text("DELETE FROM usp_deliveries WHERE event_id = :id"), {"id": event_id})
+        pruner.execute(sa.text("DELETE FROM usp_events WHERE id = :id"), {"id": event_id})
+        replaying = threading.Thread(target=replay)
+        replaying.start()
+        _wait_until_blocked_on_a_lock(database)
+        pruner.commit()
+    replaying.join(10)
+
+    [result] = outcome
+    assert isinstance(result, operations.NotFound), repr(result)
+    assert result.reason == "event_not_found"
+
+
+def _wait_until_blocked_on_a_lock(database: Engine) -> None:
+    """Until some session of this database waits for a row lock (or fail after 10 s)."""
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        with database.connect() as connection:
+            waiting = connection.execute(
+                sa.text(
+                    "SELECT count(*) FROM pg_stat_activity"
+                    " WHERE wait_event_type = 'Lock' AND query LIKE '%usp_events%'"
+                )
+            ).scalar_one()
+        if waiting:
+            return
+        time.sleep(0.02)
+    pytest.fail("nothing waited for the lock")
+
+
 async def test_replay_to_one_subscription_back_fills_one_created_after_the_event(
     database: Engine,
     settings: Settings,

@@ -418,7 +418,10 @@ def replay_event(
     reached by its audience (:class:`Conflict` otherwise: replaying a platform's booking to
     another platform would leak it). Without, a replay that finds no target creates nothing.
     """
-    record = session.get(EventRecord, event_id)
+    # FOR KEY SHARE (PostgreSQL): retention, which locks the events it prunes FOR UPDATE SKIP
+    # LOCKED, then skips this one; if retention holds it already, this waits for the prune and
+    # finds no event (404) instead of failing the INSERT below on the foreign key (a 500).
+    record = session.get(EventRecord, event_id, with_for_update={"key_share": True}, populate_existing=True)
     if record is None:
         raise NotFound("event_not_found", f"no event {event_id!r}")
     if subscription_id is not None:

@@ -4,7 +4,11 @@ subscriptions a listing shows (one filter, :func:`usp_dispatcher.feed.list_subsc
 
 from __future__ import annotations
 
+import threading
+import time
+
 import pytest
+import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 from sqlmodel import select
 
@@ -118,6 +122,45 @@ def test_list_subscriptions_filters_by_profile(mcp_engine: Engine) -> None:
         assert ids(platform_profile=None) == [made[None]]
         assert ids(platform_profile=PROFILE) == [made[PROFILE]]
         assert ids(platform_profile="https://nobody.example/p.json") == []
+
+
+def test_counting_a_profiles_subscriptions_holds_off_a_concurrent_count_until_commit(
+    mcp_engine: Engine,
+) -> None:
+    """The limit is a count, then an insert: a second create for the same profile counts only
+    after the first one committed (so both cannot take the last place); another profile's count
+    does not wait."""
+    if mcp_engine.dialect.name != "postgresql":
+        pytest.skip("SQLite runs one writer at a time")
+    counted: list[int] = []
+
+    def count(profile: str) -> None:
+        with db.session(mcp_engine) as other:
+            counted.append(feed.count_active_subscriptions(other, profile))
+
+    with db.session(mcp_engine) as first:
+        assert feed.count_active_subscriptions(first, PROFILE) == 0
+        count(OTHER_PROFILE)  # not held back
+        assert counted == [0]
+        second = threading.Thread(target=count, args=(PROFILE,))
+        second.start()
+        _wait_for_advisory_lock_wait(mcp_engine)
+        assert counted == [0], "the second count waits for the first transaction"
+        feed.add_subscription(first, feed.CheckedSubscription(HOOK, Transport.REST, ("*",), PROFILE))
+        first.commit()
+    second.join(10)
+    assert counted == [0, 1], "it counted after the commit: the new subscription included"
+
+
+def _wait_for_advisory_lock_wait(engine: Engine) -> None:
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        with engine.connect() as connection:
+            statement = "SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'advisory'"
+            if connection.execute(sa.text(statement)).scalar_one():
+                return
+        time.sleep(0.02)
+    pytest.fail("no session waited for the advisory lock")
 
 
 async def test_a_platform_keeps_a_bounded_number_of_active_subscriptions(
