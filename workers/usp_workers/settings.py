@@ -88,7 +88,7 @@ class Settings(BaseSettings):
     )
     batch_size: int = Field(default=50, ge=1, le=1000, description="deliveries per worker task")
     handoff_interval_seconds: float = Field(
-        default=0.02,
+        default=0.03,
         ge=0,
         description="a commit's deliveries go to the broker at once when the last hand-off is this old, "
         "else with the commits made until then (fuller tasks under load; a full batch never waits); "
