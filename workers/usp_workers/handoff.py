@@ -15,10 +15,11 @@ service adds no delay), otherwise they wait, with every commit made meanwhile, u
 after it; full batches of ``batch_size`` never wait. So no delivery waits longer than
 ``interval``, and under load one message carries every commit of an ``interval``.
 
-The default interval (``handoff_interval_seconds``, 30 ms) is measured, not guessed: in seven
-runs of the bench against 20 ms, each pair on the same machine minutes apart, 30 ms kept fewer
-cores busy and a lower p99 in six (p99 47-95 ms against 59-249 ms on a busy machine; 35-47
-against 35-40 on a quiet one), at the same p50 (the shorter queue pays for the wait).
+The default interval (``handoff_interval_seconds``, 30 ms) is measured, not guessed: in eight
+pairs of bench runs (20 ms, then 30 ms, minutes apart), 30 ms had the lower p99 at half load in
+the seven made while the machine was busy (47-95 ms against 59-249 ms), at about the same p50
+(the shorter queue pays for the wait); on a quiet machine 20 ms did a little better (p99 35-40
+ms against 47).
 
 Nothing is lost by waiting in memory: every delivery was committed already marked
 ``enqueued_at``, so if this process dies before the hand-off the relay re-sends it after
