@@ -16,13 +16,13 @@ import json
 from dataclasses import dataclass
 from typing import Any, Final
 
-import httpx
 from sqlmodel import Session
 
 from usp_workers.models import Subscription, Transport
 from usp_workers.settings import Settings
-from usp_workers.ssrf import ResolvedTarget, Resolver, new_client, send_pinned
+from usp_workers.ssrf import ResolvedTarget, Resolver
 
+from .documents import DocumentUnavailable, fetch_document
 from .errors import Refused
 from .feed import SubscriptionSpec, check_url, upsert_profile_subscription
 
@@ -74,44 +74,35 @@ async def fetch_profile(uri: str, settings: Settings, *, resolver: Resolver | No
 
 
 async def _get_pinned(target: ResolvedTarget, settings: Settings) -> bytes:
-    """GET the checked address of ``target`` with :func:`usp_workers.ssrf.send_pinned` (the
-    delivery path: IP literal in the URL, the original authority in ``Host`` and, for https, in
-    SNI and the certificate check; no redirects, no proxies) within
-    :data:`FETCH_TIMEOUT_SECONDS` in all. The body is read up to :data:`MAX_PROFILE_BYTES` and
-    no further: a larger profile is refused, never parsed cut short."""
-    headers = {
-        "Accept": _ACCEPT,
-        "Accept-Encoding": "identity",  # a capped read of a compressed body would mean nothing
-    }
+    """The profile document at ``target`` (:func:`usp_dispatcher.documents.fetch_document`: the
+    checked address only, no redirects, :data:`FETCH_TIMEOUT_SECONDS` in all, at most
+    :data:`MAX_PROFILE_BYTES`), or :class:`Refused` saying why not."""
     try:
-        async with new_client(settings) as client:
-            response = await send_pinned(
-                client,
-                target,
-                method="GET",
-                headers=headers,
-                timeout=httpx.Timeout(FETCH_TIMEOUT_SECONDS),
-                keep_alive=False,  # one request, then the client is closed
-                max_response_bytes=MAX_PROFILE_BYTES,
-                total_timeout=FETCH_TIMEOUT_SECONDS,
+        return await fetch_document(
+            target, settings, accept=_ACCEPT, max_bytes=MAX_PROFILE_BYTES, seconds=FETCH_TIMEOUT_SECONDS
+        )
+    except DocumentUnavailable as exc:
+        raise _refusal(exc) from None
+
+
+def _refusal(exc: DocumentUnavailable) -> Refused:
+    match exc.failure:
+        case "timeout":
+            return Refused(
+                "profile_unreachable", f"the profile did not answer within {FETCH_TIMEOUT_SECONDS:g} s"
             )
-    except (TimeoutError, httpx.TimeoutException):
-        raise Refused(
-            "profile_unreachable", f"the profile did not answer within {FETCH_TIMEOUT_SECONDS:g} s"
-        ) from None
-    except httpx.HTTPError as exc:
-        raise Refused(
-            "profile_unreachable", f"the profile could not be fetched ({type(exc).__name__})"
-        ) from None
-    if response.is_redirect:
-        raise Refused("profile_redirect", "the profile URI answered with a redirect (not followed)")
-    if response.status_code != 200:
-        raise Refused("profile_unavailable", f"the profile URI answered {response.status_code}")
-    if response.headers.get("content-encoding", "identity").lower() != "identity":
-        raise Refused("profile_unreadable", "the profile was sent compressed although identity was asked")
-    if response.truncated:
-        raise Refused("profile_too_large", f"the profile is larger than {MAX_PROFILE_BYTES} bytes")
-    return response.content
+        case "unreachable":
+            return Refused("profile_unreachable", f"the profile could not be fetched ({exc.cause})")
+        case "redirect":
+            return Refused("profile_redirect", "the profile URI answered with a redirect (not followed)")
+        case "status":
+            return Refused("profile_unavailable", f"the profile URI answered {exc.status_code}")
+        case "compressed":
+            return Refused(
+                "profile_unreadable", "the profile was sent compressed although identity was asked"
+            )
+        case "too_large":
+            return Refused("profile_too_large", f"the profile is larger than {MAX_PROFILE_BYTES} bytes")
 
 
 def _read_profile(uri: str, body: bytes) -> PlatformProfile:

@@ -30,7 +30,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final
 
-import anyio
 import httpx
 
 from usp_receiver import (
@@ -45,8 +44,9 @@ from usp_receiver import (
     sign_request,
 )
 from usp_workers.settings import Settings
-from usp_workers.ssrf import Resolver, TargetRefused, check_target, new_client, send_pinned
+from usp_workers.ssrf import Resolver, TargetRefused, check_target
 
+from ..documents import DocumentUnavailable, fetch_document
 from .errors import unauthenticated
 from .identity import Identity
 
@@ -304,28 +304,24 @@ async def _fetch_directory(url: str, settings: Settings, resolver: Resolver | No
             f"the agent's key directory is not a permitted address ({exc.reason})"
         ) from None
     try:
-        async with new_client(settings) as client:
-            response = await send_pinned(
-                client,
-                target,
-                method="GET",
-                headers={"Accept": _ACCEPT, "Accept-Encoding": "identity"},
-                timeout=httpx.Timeout(FETCH_TIMEOUT_SECONDS),
-                keep_alive=False,
-                max_response_bytes=MAX_DIRECTORY_BYTES,
-                total_timeout=FETCH_TIMEOUT_SECONDS,
-            )
-    except (TimeoutError, httpx.HTTPError, anyio.BrokenResourceError, OSError):
-        raise _DirectoryUnavailable("the agent's key directory could not be fetched") from None
-    if response.status_code != 200:
-        raise _DirectoryUnavailable(f"the agent's key directory answered {response.status_code}")
-    if response.truncated:
-        raise _DirectoryUnavailable(f"the agent's key directory is larger than {MAX_DIRECTORY_BYTES} bytes")
-    if response.headers.get("content-encoding", "identity").lower() != "identity":
-        raise _DirectoryUnavailable(
-            "the agent's key directory was sent compressed although identity was asked"
+        body = await fetch_document(
+            target, settings, accept=_ACCEPT, max_bytes=MAX_DIRECTORY_BYTES, seconds=FETCH_TIMEOUT_SECONDS
         )
+    except DocumentUnavailable as exc:
+        raise _DirectoryUnavailable(_unavailable(exc)) from None
     try:
-        return JWKS.from_json(response.content)
+        return JWKS.from_json(body)
     except ValueError:
         raise _DirectoryUnavailable("the agent's key directory is not a JWKS document") from None
+
+
+def _unavailable(exc: DocumentUnavailable) -> str:
+    match exc.failure:
+        case "timeout" | "unreachable":
+            return "the agent's key directory could not be fetched"
+        case "redirect" | "status":
+            return f"the agent's key directory answered {exc.status_code}"
+        case "compressed":
+            return "the agent's key directory was sent compressed although identity was asked"
+        case "too_large":
+            return f"the agent's key directory is larger than {MAX_DIRECTORY_BYTES} bytes"

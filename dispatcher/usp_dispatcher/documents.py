@@ -1,0 +1,72 @@
+"""Fetch a small document (a platform profile, an agent's key directory) from a URL the SSRF
+guard approved.
+
+One way for every document the service reads from a URL someone else gave it, because each
+rule matters for each of them: the GET goes to the checked address only
+(:func:`usp_workers.ssrf.send_pinned`: the IP in the URL, the name in ``Host`` and SNI, no
+redirects followed, no proxies), within one timeout in all, reading at most ``max_bytes`` (a
+larger document is refused, never parsed cut short), and asking for ``identity`` encoding (a
+capped read of a compressed body would mean nothing, so a compressed answer is refused too).
+Callers turn a :class:`DocumentUnavailable` into their own error in their own words.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import anyio
+import httpx
+
+from usp_workers.settings import Settings
+from usp_workers.ssrf import ResolvedTarget, new_client, send_pinned
+
+__all__ = ["DocumentUnavailable", "Failure", "fetch_document"]
+
+#: Why a document could not be had: no answer in time; no answer at all (refused, reset, TLS);
+#: a redirect (never followed); a status other than 200; a compressed body; a body too large.
+Failure = Literal["timeout", "unreachable", "redirect", "status", "compressed", "too_large"]
+
+
+class DocumentUnavailable(Exception):
+    """The document could not be fetched or may not be read; ``failure`` says why."""
+
+    def __init__(self, failure: Failure, *, status_code: int | None = None, cause: str | None = None) -> None:
+        super().__init__(failure if status_code is None else f"{failure} ({status_code})")
+        self.failure: Failure = failure
+        self.status_code = status_code
+        self.cause = cause  #: the transport error's class name, for "unreachable"
+
+
+async def fetch_document(
+    target: ResolvedTarget, settings: Settings, *, accept: str, max_bytes: int, seconds: float
+) -> bytes:
+    """GET ``target``'s checked address and return the body of its 200 answer.
+
+    Raises :class:`DocumentUnavailable` for a timeout (``seconds`` in all), a transport
+    failure, a redirect, any other status, a compressed body or one over ``max_bytes``.
+    """
+    try:
+        async with new_client(settings) as client:
+            response = await send_pinned(
+                client,
+                target,
+                method="GET",
+                headers={"Accept": accept, "Accept-Encoding": "identity"},
+                timeout=httpx.Timeout(seconds),
+                keep_alive=False,  # one request, then the client is closed
+                max_response_bytes=max_bytes,
+                total_timeout=seconds,
+            )
+    except (TimeoutError, httpx.TimeoutException):
+        raise DocumentUnavailable("timeout") from None
+    except (httpx.HTTPError, anyio.BrokenResourceError, OSError) as exc:
+        raise DocumentUnavailable("unreachable", cause=type(exc).__name__) from None
+    if response.is_redirect:
+        raise DocumentUnavailable("redirect", status_code=response.status_code)
+    if response.status_code != 200:
+        raise DocumentUnavailable("status", status_code=response.status_code)
+    if response.headers.get("content-encoding", "identity").lower() != "identity":
+        raise DocumentUnavailable("compressed")
+    if response.truncated:
+        raise DocumentUnavailable("too_large")
+    return response.content
