@@ -26,7 +26,7 @@ from typing import Any
 import pytest
 
 from tests.dispatcher.test_up import Up, assert_up_delivers_and_stops, free_port
-from tests.receiver.test_fastapi_integration import running
+from tests.servers import running
 
 REPO = Path(__file__).resolve().parents[1]
 SECTION = "## The two commands"

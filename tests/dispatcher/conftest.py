@@ -20,7 +20,7 @@ from fastapi.testclient import TestClient
 from pydantic import SecretStr
 from sqlalchemy.engine import Engine
 
-from tests.receiver.test_fastapi_integration import running
+from tests.servers import running
 from usp_dispatcher.app import create_app
 from usp_workers import db
 from usp_workers.settings import Settings

@@ -8,21 +8,19 @@ verification, dedupe and the handler. Bodies are realistic USP events with fresh
 from __future__ import annotations
 
 import json
-import socket
 import threading
-import time
 from collections.abc import Callable, Iterator, MutableMapping
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack
 from datetime import UTC, datetime
 from typing import Any
 
 import httpx
 import pytest
-import uvicorn
 from fastapi import FastAPI
 from fastapi.routing import APIRoute
 
+from tests.servers import running
 from usp_receiver import JWKS, ReceivedWebhook, SigningKey, Verifier, WebhookReceiver, sign_request
 from usp_receiver._url import request_url
 from usp_receiver.asgi import WebhookApp
@@ -93,30 +91,6 @@ def assert_problem(response: httpx.Response, status: int, reason: str) -> dict[s
     assert problem["reason"] == reason
     assert problem["type"] == PROBLEM_TYPE + reason
     return problem
-
-
-@contextmanager
-def running(app: Any) -> Iterator[str]:
-    """Run ``app`` under uvicorn in a thread on a free 127.0.0.1 port; yield its base URL."""
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    config = uvicorn.Config(app, lifespan="on", log_level="warning", access_log=False, ws="none")
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    try:
-        deadline = time.monotonic() + 10
-        while not server.started:
-            if not thread.is_alive() or time.monotonic() > deadline:
-                pytest.fail("uvicorn did not start")
-            time.sleep(0.01)
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(10)
-        sock.close()
-    assert not thread.is_alive(), "uvicorn did not stop"
 
 
 @pytest.fixture

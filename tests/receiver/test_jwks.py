@@ -11,7 +11,6 @@ import json
 import logging
 import socket
 import threading
-import time
 from collections import Counter
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
@@ -21,12 +20,12 @@ from typing import Any
 import anyio
 import httpx
 import pytest
-import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from tests.servers import serving
 from usp_receiver._errors import KeyFetchError
 from usp_receiver._jwks import JWKS, KeyRing, RemoteJWKS
 from usp_receiver._keys import KeyResolver, PublicKey, SigningKey
@@ -130,26 +129,8 @@ def _build_app(holder: list[Endpoint]) -> Starlette:
 @pytest.fixture(scope="module")
 def _running() -> Iterator[tuple[str, list[Endpoint]]]:
     holder = [Endpoint()]
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    config = uvicorn.Config(
-        _build_app(holder), log_config=None, log_level="warning", lifespan="off", ws="none", http="h11"
-    )
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 10
-    while not server.started:
-        if not thread.is_alive() or time.monotonic() > deadline:
-            raise RuntimeError("test server did not start")
-        time.sleep(0.01)
-    try:
-        yield f"http://127.0.0.1:{port}", holder
-    finally:
-        server.should_exit = True
-        thread.join(timeout=10)
-        sock.close()
+    with serving(_build_app(holder)) as served:
+        yield served.url, holder
 
 
 @pytest.fixture

@@ -17,9 +17,6 @@ signing keys, a controllable clock, settings fit for tests.
 
 from __future__ import annotations
 
-import socket
-import threading
-import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import ExitStack, contextmanager
@@ -30,9 +27,9 @@ import httpx
 import pytest
 import redis
 import sqlalchemy as sa
-import uvicorn
 from sqlalchemy.engine import Engine
 
+from tests.servers import serving
 from usp_receiver import JWKS
 from usp_workers import tasks
 from usp_workers.db import make_engine, session, upgrade
@@ -169,33 +166,9 @@ async def client(settings: Settings) -> AsyncIterator[httpx.AsyncClient]:
 def hub_server() -> Iterator[Hub]:
     """A uvicorn server on a free 127.0.0.1 port serving a fresh :class:`Hub`, in a thread."""
     app = Hub()
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.bind(("127.0.0.1", 0))
-    config = uvicorn.Config(
-        app,
-        log_config=None,
-        log_level="warning",
-        access_log=False,
-        lifespan="off",
-        ws="none",
-        http="h11",
-        timeout_graceful_shutdown=2,
-    )
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 10
-    while not server.started:
-        if not thread.is_alive() or time.monotonic() > deadline:
-            pytest.fail("the test webhook server did not start")
-        time.sleep(0.01)
-    app.port = sock.getsockname()[1]
-    try:
+    with serving(app) as served:
+        app.port = served.port
         yield app
-    finally:
-        server.should_exit = True
-        thread.join(10)
-        sock.close()
 
 
 @pytest.fixture(scope="session")

@@ -11,7 +11,6 @@ import datetime as dt
 import ipaddress
 import socket
 import ssl
-import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, MutableMapping
 from dataclasses import dataclass, field
@@ -21,12 +20,12 @@ from typing import Any
 import anyio
 import httpx
 import pytest
-import uvicorn
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
+from tests.servers import serving
 from usp_workers.origin_pool import OriginTransport, PinnedClient
 from usp_workers.settings import Settings
 from usp_workers.ssrf import (
@@ -495,33 +494,9 @@ class Running:
 
 
 def _run_server(seen: Seen, pki: Pki | None = None) -> Iterator[Running]:
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    config = uvicorn.Config(
-        _app(seen),
-        log_config=None,
-        log_level="warning",
-        lifespan="off",
-        ws="none",
-        http="h11",
-        ssl_certfile=None if pki is None else str(pki.cert),
-        ssl_keyfile=None if pki is None else str(pki.key),
-    )
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 10
-    while not server.started:
-        if not thread.is_alive() or time.monotonic() > deadline:
-            raise RuntimeError("test server did not start")
-        time.sleep(0.01)
-    try:
-        yield Running(port, seen)
-    finally:
-        server.should_exit = True
-        thread.join(timeout=10)
-        sock.close()
+    certfile, keyfile = (None, None) if pki is None else (pki.cert, pki.key)
+    with serving(_app(seen), certfile=certfile, keyfile=keyfile) as served:
+        yield Running(served.port, seen)
 
 
 @pytest.fixture(scope="module")
