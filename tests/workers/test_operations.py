@@ -583,6 +583,35 @@ def test_the_scheduler_sends_a_job_whose_runner_died_again(
     assert relay_at(10_000) == 0, "a finished job is never sent again"
 
 
+def test_a_job_whose_runner_keeps_dying_on_one_batch_is_failed_not_resent_forever(
+    database: Engine, endpoints: Endpoints, make_settings: MakeSettings
+) -> None:
+    """A poison batch kills every worker that runs it: after MAX_JOB_RESENDS re-sends without a
+    committed batch the scheduler marks the job failed instead of taking down another worker.
+    A batch committed in between starts the count again."""
+    target = subscribe(database, endpoints.add("sink", Answer(200)))
+    job_id = stall_a_job(database, target, 7)
+    settings = make_settings(broker_url="redis://127.0.0.1:1/0", job_stale_after_seconds=60.0)
+    resent: list[str] = []
+    moment = utcnow()
+
+    def relay_later() -> int:
+        nonlocal moment
+        moment += timedelta(seconds=61)
+        return relay_once(database, settings, lambda _ids: None, now=moment, enqueue_job=resent.append).jobs
+
+    assert [relay_later() for _ in range(2)] == [1, 1]
+    assert operations.step_job(database, job_id, batch_size=1, now=lambda: moment), "one batch: progress"
+    assert [relay_later() for _ in range(operations.MAX_JOB_RESENDS)] == [1] * operations.MAX_JOB_RESENDS
+    assert relay_later() == 0, "the runner died once more without progress: not sent again"
+    assert resent == [job_id] * (2 + operations.MAX_JOB_RESENDS)
+    with session(database) as s:
+        job = operations.get_job(s, job_id)
+    assert job.status == "failed"
+    assert job.error == "its runner died 4 times without finishing a batch; not sent again"
+    assert relay_later() == 0
+
+
 def test_the_scheduler_loop_resends_stalled_jobs(
     tmp_path: Path, endpoints: Endpoints, make_settings: MakeSettings
 ) -> None:

@@ -234,6 +234,11 @@ class Job(SQLModel, table=True):
     total: int = Field(default=0)
     processed: int = Field(default=0)
     cursor: str | None = Field(default=None, max_length=128, description="where the next batch starts")
+    resends: int = Field(
+        default=0,
+        sa_column_kwargs={"server_default": "0"},
+        description="times the scheduler re-sent the job since its last progress (its runner died)",
+    )
     error: str | None = Field(default=None, max_length=512)
     created_at: datetime = Field(default_factory=utcnow, sa_type=UtcDateTime)
     updated_at: datetime = Field(default_factory=utcnow, sa_type=UtcDateTime)

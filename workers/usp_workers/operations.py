@@ -81,6 +81,7 @@ __all__ = [
     "DISABLED_BY_OPERATOR",
     "HEALTH_WINDOW",
     "JOB_BATCH",
+    "MAX_JOB_RESENDS",
     "MAX_PAGE",
     "MAX_RATE_LIMIT",
     "AttemptView",
@@ -533,6 +534,7 @@ def resume_job(session: Session, job_id: str, *, now: Clock = utcnow) -> JobView
     if job.status == JobStatus.FAILED:
         job.status = JobStatus.RUNNING
         job.error = None
+        job.resends = 0  # resumed by hand: the scheduler's count of dead runners starts again
         job.finished_at = None
         job.updated_at = now()
         session.add(job)
@@ -540,9 +542,14 @@ def resume_job(session: Session, job_id: str, *, now: Clock = utcnow) -> JobView
     return _job_view(job)
 
 
+#: Re-sends of a job without progress after which the scheduler fails it instead.
+MAX_JOB_RESENDS = 3
+
+
 def reclaim_stale_jobs(engine: Engine, *, now: datetime, stale_after: float) -> list[str]:
     """The running jobs that made no progress in the ``stale_after`` seconds before ``now``,
-    oldest first, each marked as re-sent (``updated_at = now``): send them to the workers again.
+    oldest first, each marked as re-sent (``updated_at = now``, ``resends + 1``): send them to
+    the workers again.
 
     A running job's ``updated_at`` moves with every batch it commits, so one that stands still
     that long lost its runner (a killed worker, a message no broker will hand out again). The
@@ -550,16 +557,36 @@ def reclaim_stale_jobs(engine: Engine, *, now: datetime, stale_after: float) -> 
     taken again only after another ``stale_after`` without progress. A runner that was merely
     slow is harmless: :func:`step_job`'s conditional cursor lets only one of the two commit each
     batch.
+
+    A job re-sent :data:`MAX_JOB_RESENDS` times without committing a batch in between is not sent
+    again but marked failed: something in its next batch kills whichever worker runs it (a
+    poison batch), and re-sending it forever would take a worker down every ``stale_after``.
+    Its cursor stays where it stood.
     """
     cutoff = now - timedelta(seconds=stale_after)
-    statement = (
-        sa.update(_jobs)
-        .where(_jobs.c.status == JobStatus.RUNNING.value, _jobs.c.updated_at < cutoff)
-        .values(updated_at=now)
-        .returning(_jobs.c.id)
-    )
+    stale = sa.and_(_jobs.c.status == JobStatus.RUNNING.value, _jobs.c.updated_at < cutoff)
     with engine.begin() as connection:
-        return sorted(connection.execute(statement).scalars())
+        given_up = connection.execute(
+            sa.update(_jobs)
+            .where(stale, _jobs.c.resends >= MAX_JOB_RESENDS)
+            .values(
+                status=JobStatus.FAILED.value,
+                error=f"its runner died {MAX_JOB_RESENDS + 1} times without finishing a batch; "
+                "not sent again",
+                updated_at=now,
+                finished_at=now,
+            )
+            .returning(_jobs.c.id)
+        ).scalars()
+        for job_id in given_up:
+            logger.error("job %s failed: its runner died %d times on one batch", job_id, MAX_JOB_RESENDS + 1)
+        resent = connection.execute(
+            sa.update(_jobs)
+            .where(stale)
+            .values(updated_at=now, resends=_jobs.c.resends + 1)
+            .returning(_jobs.c.id)
+        ).scalars()
+        return sorted(resent)
 
 
 def run_job(
@@ -650,7 +677,7 @@ def step_job(
                 _jobs.c.status == JobStatus.RUNNING.value,
                 _jobs.c.cursor.is_(None) if job.cursor is None else _jobs.c.cursor == job.cursor,
             )
-            .values(cursor=rows[-1].id, processed=_jobs.c.processed + len(rows), updated_at=moment)
+            .values(cursor=rows[-1].id, processed=_jobs.c.processed + len(rows), updated_at=moment, resends=0)
         ).rowcount
         if advanced != 1:
             s.rollback()
