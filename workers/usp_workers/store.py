@@ -144,8 +144,9 @@ class _Statements:
 
     Why built once: constructing a statement and computing its cache key cost more Python than
     executing it, per batch. Why ``= ANY(:ids)`` on PostgreSQL, not ``IN (…)``: one statement
-    text whatever the batch's size, so psycopg prepares it after a few uses and PostgreSQL stops
-    parsing and planning it per batch.
+    text and one bound array whatever the batch's size, where an ``IN`` list is re-rendered with
+    one parameter per id at every execution. (Server-side prepared statements stay off, see
+    :func:`usp_workers.db.make_engine`.)
 
     On PostgreSQL the batch is first locked by primary key (``lock``, ``FOR UPDATE SKIP
     LOCKED``: a row another worker is claiming or recording is skipped, never waited for), "due"
