@@ -91,15 +91,18 @@ def test_old_rows_go_in_batches_recent_and_unfinished_ones_stay(
         s.add(Notice(subscription_id="sub_x", kind="subscription.disabled"))
         s.commit()
 
-    # A pass with a small budget stops with work left and says so.
-    first = prune_once(database, settings, batch=2, max_batches=1)
-    assert first.more
-    assert first.events == 2
+    # A pass with a small budget stops with work left and says so. The budget counts rows:
+    # each event here has two deliveries, so a batch of 3 rows takes one event (two would be
+    # four rows), and a batch of 1 row still takes one (an event is never split).
+    first = prune_once(database, settings, batch=3, max_batches=1)
+    assert (first.events, first.deliveries, first.more) == (1, 2, True)
+    second = prune_once(database, settings, batch=1, max_batches=1)
+    assert (second.events, second.deliveries, second.more) == (1, 2, True)
 
-    rest = prune_once(database, settings, batch=2, max_batches=50)
+    rest = prune_once(database, settings, batch=4, max_batches=50)
     assert not rest.more
-    assert first.events + rest.events == 6  # five succeeded, one dead
-    assert first.deliveries + rest.deliveries == 12
+    assert first.events + second.events + rest.events == 6  # five succeeded, one dead
+    assert first.deliveries + second.deliveries + rest.deliveries == 12
     for event_id in [*old_done, old_dead]:
         assert count(database, EventRecord, id=event_id) == 0
         assert count(database, Delivery, event_id=event_id) == 0

@@ -45,7 +45,7 @@ __all__ = ["BATCH", "MAX_BATCHES_PER_PASS", "RetentionReport", "RetentionSchedul
 
 logger = logging.getLogger("usp_workers")
 
-#: Rows per table per transaction.
+#: Rows per table per transaction (events: their deliveries count, see :func:`_within_rows`).
 BATCH = 500
 #: Batches per pass (per table); the rest waits for the next pass.
 MAX_BATCHES_PER_PASS = 20
@@ -90,10 +90,10 @@ def prune_once(
     events = deliveries = 0
     more_events = False
     for _ in range(max_batches):
-        pruned_events, pruned_deliveries = _prune_events(engine, cutoff, batch)
+        pruned_events, pruned_deliveries, full = _prune_events(engine, cutoff, batch)
         events += pruned_events
         deliveries += pruned_deliveries
-        if pruned_events < batch:
+        if not full:
             break
     else:
         more_events = True
@@ -137,7 +137,10 @@ def _prune_attempts(engine: Engine, cutoff: datetime, batch: int) -> int:
     return len(ids)
 
 
-def _prune_events(engine: Engine, cutoff: datetime, batch: int) -> tuple[int, int]:
+def _prune_events(engine: Engine, cutoff: datetime, batch: int) -> tuple[int, int, bool]:
+    """Prune the oldest prunable events, at most ``batch`` of them and no more of them than keeps
+    their deliveries within ``batch`` rows (one event at least: an event is never split); return
+    the events and deliveries deleted, and whether the batch was full (more may be left)."""
     unfinished = (
         sa.select(_deliveries.c.id)
         .where(_deliveries.c.event_id == _events.c.id, _deliveries.c.status.in_(_UNFINISHED))
@@ -153,7 +156,10 @@ def _prune_events(engine: Engine, cutoff: datetime, batch: int) -> tuple[int, in
     with engine.begin() as connection:
         ids = list(connection.execute(candidates).scalars())
         if not ids:
-            return 0, 0
+            return 0, 0, False
+        full = len(ids) == batch
+        ids, cut = _within_rows(connection, ids, batch)
+        full = full or cut
         # Lock their deliveries and look again: a redrive may have made one pending since. A
         # delivery locked elsewhere (a recover or redrive batch, which then inserts a delivery
         # whose foreign key needs the event row we hold) is skipped, its event kept: waiting for
@@ -174,14 +180,41 @@ def _prune_events(engine: Engine, cutoff: datetime, batch: int) -> tuple[int, in
         )
         ids = [event_id for event_id in ids if event_id not in busy]
         if not ids:
-            return 0, 0
+            return 0, 0, full
         their_deliveries = sa.select(_deliveries.c.id).where(_deliveries.c.event_id.in_(ids))
         connection.execute(sa.delete(_attempts).where(_attempts.c.delivery_id.in_(their_deliveries)))
         deliveries = connection.execute(
             sa.delete(_deliveries).where(_deliveries.c.event_id.in_(ids))
         ).rowcount
         connection.execute(sa.delete(_events).where(_events.c.id.in_(ids)))
-    return len(ids), deliveries
+    return len(ids), deliveries, full
+
+
+def _within_rows(connection: sa.Connection, ids: list[str], rows: int) -> tuple[list[str], bool]:
+    """The longest prefix of ``ids`` (oldest first) whose deliveries number at most ``rows``, one
+    event at least; and whether it is shorter than ``ids``.
+
+    Why: an event fans out to every matching subscription and to each replay, so a batch of
+    events bounds nothing; a batch of 500 events with 200 deliveries each would delete 100,000
+    rows in one transaction, holding their locks (on SQLite the whole database's write lock)
+    while every worker's ``record`` waits.
+    """
+    counts: dict[str, int] = {
+        event_id: count
+        for event_id, count in connection.execute(
+            sa.select(_deliveries.c.event_id, sa.func.count())
+            .where(_deliveries.c.event_id.in_(ids))
+            .group_by(_deliveries.c.event_id)
+        )
+    }
+    kept: list[str] = []
+    total = 0
+    for event_id in ids:
+        total += counts.get(event_id, 0)
+        if kept and total > rows:
+            return kept, True
+        kept.append(event_id)
+    return kept, False
 
 
 def _prune_notices(engine: Engine, cutoff: datetime, batch: int) -> int:
