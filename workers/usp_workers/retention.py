@@ -180,7 +180,7 @@ def _prune_events(engine: Engine, cutoff: datetime, batch: int) -> tuple[int, in
         )
         ids = [event_id for event_id in ids if event_id not in busy]
         if not ids:
-            return 0, 0, full
+            return 0, 0, False  # no progress possible now: the next pass looks again
         their_deliveries = sa.select(_deliveries.c.id).where(_deliveries.c.event_id.in_(ids))
         connection.execute(sa.delete(_attempts).where(_attempts.c.delivery_id.in_(their_deliveries)))
         deliveries = connection.execute(
