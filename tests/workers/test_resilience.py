@@ -318,6 +318,24 @@ def test_a_flushed_broker_loses_nothing(
 
 # -- 4. a crash between commit and hand-off --------------------------------------------------------------
 
+
+def run_until_killed(
+    pipeline: Pipeline, tmp_path: Path, source: str, count: int
+) -> tuple[str, list[Delivery]]:
+    """Run the emitter script ``source`` with ``count`` until it SIGKILLs itself; its output and
+    the deliveries it left in the database."""
+    script = tmp_path / "emitter.py"
+    script.write_text(source)
+    emitter = ServiceProcess(pipeline, "emitter", [sys.executable, str(script), str(count)])
+    try:
+        code = emitter.wait(60)
+    finally:
+        emitter.stop()
+    assert code == -9, emitter.output()
+    with Session(pipeline.engine) as s:
+        return emitter.output(), list(s.exec(select(Delivery)).all())
+
+
 #: Emits ``argv[1]`` events in one transaction with an enqueuer that SIGKILLs its own process:
 #: the commit has happened, the hand-off never does.
 CRASH_AFTER_COMMIT = """
@@ -358,20 +376,11 @@ def test_a_crash_between_commit_and_hand_off_loses_nothing(
     receiver = UspReceiver(jwks_of(pipeline))
     subscribe(pipeline.engine, endpoints.add("usp", receiver))
     logs = start_fleet(start_worker, start_relay, workers=1, relay=False)
-    script = tmp_path / "crash_after_commit.py"
-    script.write_text(CRASH_AFTER_COMMIT)
 
-    emitter = ServiceProcess(pipeline, "emitter", [sys.executable, str(script), "100"])
-    try:
-        code = emitter.wait(60)
-    finally:
-        emitter.stop()
-    assert code == -9, emitter.output()
-    assert "committed 100 deliveries; dying before the hand-off" in emitter.output()
-    assert "survived" not in emitter.output()
-    with Session(pipeline.engine) as s:
-        rows = s.exec(select(Delivery)).all()
-        event_ids = sorted({d.event_id for d in rows})
+    output, rows = run_until_killed(pipeline, tmp_path, CRASH_AFTER_COMMIT, 100)
+    assert "committed 100 deliveries; dying before the hand-off" in output
+    assert "survived" not in output
+    event_ids = sorted({d.event_id for d in rows})
     assert len(rows) == 100
     assert {d.status for d in rows} == {DeliveryStatus.PENDING}
     assert all(d.enqueued_at is not None for d in rows), "written as handed off, before the hand-off"
@@ -430,19 +439,10 @@ def test_a_process_killed_while_its_hand_off_holds_deliveries_loses_nothing(
     pipeline.fields["handoff_interval_seconds"] = 60.0
     receiver = UspReceiver(jwks_of(pipeline))
     subscribe(pipeline.engine, endpoints.add("usp", receiver))
-    script = tmp_path / "killed_while_handoff_holds.py"
-    script.write_text(KILLED_WHILE_HANDOFF_HOLDS)
 
-    emitter = ServiceProcess(pipeline, "emitter", [sys.executable, str(script), "40"])
-    try:
-        code = emitter.wait(60)
-    finally:
-        emitter.stop()
-    assert code == -9, emitter.output()
-    assert "dying while the hand-off holds them" in emitter.output()
-    with Session(pipeline.engine) as s:
-        rows = s.exec(select(Delivery)).all()
-        event_ids = sorted({d.event_id for d in rows})
+    output, rows = run_until_killed(pipeline, tmp_path, KILLED_WHILE_HANDOFF_HOLDS, 40)
+    assert "dying while the hand-off holds them" in output
+    event_ids = sorted({d.event_id for d in rows})
     assert len(rows) == 41
     assert pipeline.queued() == 1, "only the first commit reached the broker"
 
