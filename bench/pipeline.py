@@ -228,10 +228,9 @@ def _naive_deliver(delivery_id: str) -> str:
     keys = current_signing_keys(engine, settings)
     now = utcnow()
     lease = now + timedelta(seconds=settings.lease_seconds)
-    claimed = store.claim(engine, [delivery_id], now=now, lease_until=lease)
+    claimed, events, subscriptions = store.claim_and_load(engine, [delivery_id], now=now, lease_until=lease)
     if not claimed:
         return "skipped"
-    events, subscriptions = store.load(engine, claimed)
     [item] = claimed
     event, subscription = events[item.event_id], subscriptions[item.subscription_id]
     body, headers = build_delivery_request(

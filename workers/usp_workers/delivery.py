@@ -5,10 +5,10 @@ a relay loop, a test or a benchmark calls it the same way. One call:
 
 1. loads the signing keys of the moment (cached, see :mod:`usp_workers.keycache`), so a missing
    key fails the batch *before* anything is claimed;
-2. claims the due deliveries among the ids (:func:`usp_workers.store.claim`); ids it cannot
-   claim (done, not due, held by another worker) are skipped silently;
-3. loads their events and subscriptions; a delivery whose subscription is disabled goes dead
-   without a request;
+2. claims the due deliveries among the ids and loads their events and subscriptions
+   (:func:`usp_workers.store.claim_and_load`); ids it cannot claim (done, not due, held by
+   another worker) are skipped silently;
+3. gives up, without a request, a delivery whose subscription is disabled (it goes dead);
 4. checks each distinct target URL once with the SSRF guard (at delivery time: DNS may have
    changed since registration) and pins the checked address;
 5. signs and POSTs every delivery, each signed afresh (new ``created``), at most
@@ -60,8 +60,6 @@ from .models import (
     AttemptOutcome,
     BreakerState,
     DeliveryStatus,
-    EventRecord,
-    Subscription,
     SubscriptionState,
     utcnow,
 )
@@ -70,7 +68,15 @@ from .runtime import background_runtime
 from .schedule import RetrySchedule
 from .settings import Settings
 from .ssrf import ResolvedTarget, Resolver, check_target
-from .store import AttemptRow, Claimed, DeliveryUpdate, claim_and_load, record
+from .store import (
+    AttemptRow,
+    Claimed,
+    DeliveryUpdate,
+    LoadedEvent,
+    LoadedSubscription,
+    claim_and_load,
+    record,
+)
 from .transport import TryResult, endpoint_slot, refused_result, send_once
 from .verdict import Verdict, judge
 
@@ -281,7 +287,7 @@ def _open(
 
 _PAUSE_REASONS = frozenset({"breaker_open", "probe_elsewhere", "backpressure", "rate_limited"})
 
-_Item = tuple[Claimed, EventRecord, Subscription]
+_Item = tuple[Claimed, LoadedEvent, LoadedSubscription]
 
 
 @dataclass
@@ -295,8 +301,8 @@ class _Batch:
     now: Clock
     lease_until: datetime
     schedule: RetrySchedule
-    events: dict[str, EventRecord]
-    subscriptions: dict[str, Subscription]
+    events: dict[str, LoadedEvent]
+    subscriptions: dict[str, LoadedSubscription]
     claimed: list[Claimed]
     report: BatchReport
     bodies: BodyCache = field(default_factory=dict)
@@ -353,7 +359,7 @@ class _Batch:
                 sendable.append((delivery, event, subscription))
         sendable = await self._gate(sendable)
         targets = await _check_targets({sub.url for _, _, sub in sendable}, self.settings, resolver)
-        groups: dict[int, list[tuple[Claimed, EventRecord, Subscription]]] = {}
+        groups: dict[int, list[tuple[Claimed, LoadedEvent, LoadedSubscription]]] = {}
         slots: dict[int, anyio.Semaphore] = {}
         async with anyio.create_task_group() as group:
             for item in sendable:
@@ -417,7 +423,7 @@ class _Batch:
                     won.add(subscription_id)
         return won
 
-    async def _rate_limited(self, delivery: Claimed, subscription: Subscription) -> bool:
+    async def _rate_limited(self, delivery: Claimed, subscription: LoadedSubscription) -> bool:
         """Take a fleet-wide start slot for a rate-limited subscription right before its request;
         False when there is none (no limit, or a slot was taken). A delivery over the limit is
         deferred to when a slot frees, later ones of the batch a window further each (so a
@@ -508,7 +514,7 @@ class _Batch:
         return remaining - self.settings.total_timeout - RECORD_MARGIN
 
     async def _send(
-        self, delivery: Claimed, event: EventRecord, subscription: Subscription, target: ResolvedTarget
+        self, delivery: Claimed, event: LoadedEvent, subscription: LoadedSubscription, target: ResolvedTarget
     ) -> TryResult:
         try:
             body, headers = build_delivery_request(
@@ -525,7 +531,7 @@ class _Batch:
         return await send_once(self.client, target, body, headers, self.settings, now=self.now)
 
     def _conclude(
-        self, delivery: Claimed, event: EventRecord, subscription: Subscription, result: TryResult
+        self, delivery: Claimed, event: LoadedEvent, subscription: LoadedSubscription, result: TryResult
     ) -> None:
         number = delivery.attempt_count + 1
         verdict = judge(result, number, self.schedule)
@@ -659,7 +665,7 @@ def backpressure(result: TryResult) -> float | None:
     return None
 
 
-def _log_try(delivery: Claimed, event: EventRecord, number: int, verdict: Verdict, result: TryResult) -> None:
+def _log_try(delivery: Claimed, event: LoadedEvent, number: int, verdict: Verdict, result: TryResult) -> None:
     """One line per try, with the ids an operator searches by (never a header or a body):
     successes at DEBUG (thousands a second), retries at INFO, dead letters at WARNING."""
     if verdict.outcome is AttemptOutcome.SUCCEEDED:
@@ -689,7 +695,7 @@ def _log_try(delivery: Claimed, event: EventRecord, number: int, verdict: Verdic
     )
 
 
-def _disable(verdict: Verdict, subscription: Subscription) -> tuple[str, str] | None:
+def _disable(verdict: Verdict, subscription: LoadedSubscription) -> tuple[str, str] | None:
     if not verdict.disables_subscription:
         return None
     return subscription.id, f"410 Gone from {_redacted(subscription.url)}"

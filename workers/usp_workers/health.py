@@ -56,7 +56,15 @@ from enum import Enum
 import sqlalchemy as sa
 from sqlmodel import Session, SQLModel
 
-from .models import BreakerState, Notice, Subscription, SubscriptionState, UtcDateTime, utcnow
+from .models import (
+    BreakerState,
+    Notice,
+    Subscription,
+    SubscriptionState,
+    SubscriptionView,
+    UtcDateTime,
+    utcnow,
+)
 from .settings import Settings
 
 __all__ = [
@@ -157,7 +165,7 @@ class Gate(Enum):
     PROBE = "probe"  #: the breaker's cool-down is over: one delivery may probe (claim it first)
 
 
-def gate(subscription: Subscription, now: datetime) -> Gate:
+def gate(subscription: SubscriptionView, now: datetime) -> Gate:
     """Decide from the subscription row read at claim time (no query)."""
     until = subscription.breaker_until
     if subscription.breaker_state == BreakerState.CLOSED:
@@ -185,7 +193,7 @@ def claim_probe(
     return connection.execute(statement).first() is not None
 
 
-def needs_write(tally: Tally, seen: Subscription | None, policy: HealthPolicy, now: datetime) -> bool:
+def needs_write(tally: Tally, seen: SubscriptionView | None, policy: HealthPolicy, now: datetime) -> bool:
     """Whether ``tally`` must touch the row: any failure, probe or back-off; a success only when
     the row read at claim time shows failures, a breaker not closed, or a stale
     ``last_success_at``."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import enum
 from datetime import UTC, datetime
+from typing import Protocol
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Dialect
@@ -24,6 +25,7 @@ __all__ = [
     "Delivery",
     "DeliveryStatus",
     "EventRecord",
+    "EventView",
     "Job",
     "JobStatus",
     "Notice",
@@ -31,6 +33,7 @@ __all__ = [
     "SigningKeyRecord",
     "Subscription",
     "SubscriptionState",
+    "SubscriptionView",
     "Transport",
     "UtcDateTime",
     "new_id",
@@ -128,6 +131,18 @@ class EventRecord(SQLModel, table=True):
     )
 
 
+class EventView(Protocol):
+    """What a delivery reads of its event: an :class:`EventRecord`, or the lighter row a batch
+    loads (:class:`usp_workers.store.LoadedEvent`)."""
+
+    @property
+    def id(self) -> str: ...
+    @property
+    def payload(self) -> str: ...
+    @property
+    def correlation_id(self) -> str | None: ...
+
+
 class Subscription(SQLModel, table=True):
     """Where a platform wants events: a URL, a transport and event-type patterns."""
 
@@ -156,6 +171,32 @@ class Subscription(SQLModel, table=True):
     )
     created_at: datetime = Field(default_factory=utcnow, sa_type=UtcDateTime)
     updated_at: datetime = Field(default_factory=utcnow, sa_type=UtcDateTime)
+
+
+class SubscriptionView(Protocol):
+    """What a delivery and its health checks read of a subscription: a :class:`Subscription`, or
+    the lighter row a batch loads (:class:`usp_workers.store.LoadedSubscription`)."""
+
+    @property
+    def id(self) -> str: ...
+    @property
+    def url(self) -> str: ...
+    @property
+    def transport(self) -> Transport: ...
+    @property
+    def state(self) -> SubscriptionState: ...
+    @property
+    def rate_limit(self) -> int | None: ...
+    @property
+    def consecutive_failures(self) -> int: ...
+    @property
+    def failing_since(self) -> datetime | None: ...
+    @property
+    def last_success_at(self) -> datetime | None: ...
+    @property
+    def breaker_state(self) -> BreakerState: ...
+    @property
+    def breaker_until(self) -> datetime | None: ...
 
 
 class RateSlot(SQLModel, table=True):

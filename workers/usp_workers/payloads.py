@@ -5,7 +5,7 @@ several subscriptions encodes it once (pass a shared ``bodies`` cache). The sign
 the target URL and on the moment, and is made afresh for every try: a retry hours later carries a
 new ``created``, which receivers' replay window (300 s) requires.
 
-* REST: the body is the stored event envelope, byte for byte (``EventRecord.payload``).
+* REST: the body is the stored event envelope, byte for byte (the event row's ``payload``).
 * JSON-RPC: a ``usp_webhook`` *notification* (no ``id``: the receiver must not answer it) whose
   ``params`` is that same envelope. The envelope text is spliced in unchanged rather than parsed
   and re-serialised: cheaper, and ``params`` is then exactly what a REST receiver would get.
@@ -18,7 +18,7 @@ from collections.abc import MutableMapping, Sequence
 from usp_receiver import SigningKey, sign_request
 from usp_schemas import WEBHOOK_METHOD
 
-from .models import EventRecord, Subscription, Transport
+from .models import EventView, SubscriptionView, Transport
 
 __all__ = ["CONTENT_TYPE", "USER_AGENT", "BodyCache", "build_delivery_request", "encode_body"]
 
@@ -32,8 +32,8 @@ _JSONRPC_PREFIX = f'{{"jsonrpc":"2.0","method":"{WEBHOOK_METHOD}","params":'.enc
 
 
 def build_delivery_request(
-    event: EventRecord,
-    subscription: Subscription,
+    event: EventView,
+    subscription: SubscriptionView,
     keys: Sequence[SigningKey],
     *,
     created: int,
@@ -61,12 +61,11 @@ def build_delivery_request(
     return body, headers
 
 
-def encode_body(event: EventRecord, transport: Transport) -> bytes:
+def encode_body(event: EventView, transport: Transport) -> bytes:
     """The request body carrying ``event`` over ``transport``.
 
-    >>> record = EventRecord(id="evt_1", event_type="booking.confirmed",
-    ...                      occurred_at=__import__("datetime").datetime.now(), payload='{"a":1}')
-    >>> encode_body(record, Transport.JSONRPC)
+    >>> from usp_workers.store import LoadedEvent
+    >>> encode_body(LoadedEvent("evt_1", "booking.confirmed", None, '{"a":1}'), Transport.JSONRPC)
     b'{"jsonrpc":"2.0","method":"usp_webhook","params":{"a":1}}'
     """
     envelope = event.payload.encode("utf-8")
