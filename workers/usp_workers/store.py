@@ -27,6 +27,7 @@ does whenever the clock moves between the two claims (any real clock does).
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -371,10 +372,13 @@ def _record_by_statements(
 
 
 #: :func:`record` on PostgreSQL: the attempts and every delivery's new state in one statement
-#: (one round trip, and no statement built per call), each column bound as one array. Why: the
-#: general path (SQLite) costs an ``INSERT`` and an ``UPDATE`` per distinct new state, each
-#: built, compiled and sent on its own. A deferred delivery (no try made) keeps its last
-#: status, error and ``completed_at``; ``next_attempt_at`` changes only where a new one is given.
+#: (one round trip, and no statement built per call), the rows bound as two JSON documents.
+#: Why: the general path (SQLite) costs an ``INSERT`` and an ``UPDATE`` per distinct new state,
+#: each built, compiled and sent on its own; and why JSON rather than one array per column:
+#: psycopg's array dumper checks every element of every array with a regular expression, which
+#: cost more than the rest of the record (``json.dumps`` is C). A deferred delivery (no try
+#: made) keeps its last status, error and ``completed_at``; ``next_attempt_at`` changes only
+#: where a new one is given.
 #: The fence is our lease alone: ``lease_until`` is set only while a delivery is ``in_flight``
 #: (every way out of ``in_flight`` clears it), so it implies the status. Why not test the status
 #: as well: PostgreSQL may then plan the ``UPDATE`` on the due index (``status,
@@ -385,10 +389,11 @@ _RECORD_POSTGRESQL = sa.text(
 WITH attempts AS (
     INSERT INTO usp_attempts (delivery_id, attempt_number, started_at, duration_ms, status_code,
                               response_excerpt, error_class, outcome)
-    SELECT * FROM unnest(CAST(:a_delivery AS varchar[]), CAST(:a_number AS integer[]),
-                         CAST(:a_started AS timestamptz[]), CAST(:a_duration AS float8[]),
-                         CAST(:a_status AS integer[]), CAST(:a_excerpt AS varchar[]),
-                         CAST(:a_error AS varchar[]), CAST(:a_outcome AS varchar[]))
+    SELECT delivery_id, attempt_number, started_at, duration_ms, status_code, response_excerpt,
+           error_class, outcome
+    FROM json_to_recordset(CAST(:attempts AS json)) AS a (
+        delivery_id varchar, attempt_number integer, started_at timestamptz, duration_ms float8,
+        status_code integer, response_excerpt varchar, error_class varchar, outcome varchar)
 ), updated AS (
     UPDATE usp_deliveries AS d
     SET status = u.status,
@@ -400,11 +405,9 @@ WITH attempts AS (
         last_status_code = CASE WHEN u.deferred THEN d.last_status_code ELSE u.last_status_code END,
         last_error = CASE WHEN u.deferred THEN d.last_error ELSE u.last_error END,
         completed_at = CASE WHEN u.deferred THEN d.completed_at ELSE u.completed_at END
-    FROM unnest(CAST(:u_id AS varchar[]), CAST(:u_status AS varchar[]), CAST(:u_tried AS boolean[]),
-                CAST(:u_deferred AS boolean[]), CAST(:u_next AS timestamptz[]),
-                CAST(:u_code AS integer[]), CAST(:u_error AS varchar[]),
-                CAST(:u_completed AS timestamptz[]))
-         AS u (id, status, tried, deferred, next_attempt_at, last_status_code, last_error, completed_at)
+    FROM json_to_recordset(CAST(:updates AS json)) AS u (
+        id varchar, status varchar, tried boolean, deferred boolean, next_attempt_at timestamptz,
+        last_status_code integer, last_error varchar, completed_at timestamptz)
     WHERE d.id = u.id AND d.lease_until = :lease_until
     RETURNING d.id
 )
@@ -416,28 +419,28 @@ SELECT id FROM updated
 def _record_params(
     attempts: Sequence[AttemptRow], updates: Sequence[DeliveryUpdate], *, lease_until: datetime, now: datetime
 ) -> dict[str, Any]:
-    """:data:`_RECORD_POSTGRESQL`'s arrays: one per column, one element per attempt or update
-    (updates in id order, so concurrent records lock rows in one order)."""
-    ordered = sorted(updates, key=lambda u: u.delivery_id)
+    """:data:`_RECORD_POSTGRESQL`'s parameters (updates in id order, so concurrent records lock
+    rows in one order)."""
+    completed = now.isoformat()
+    rows = [
+        {
+            "id": u.delivery_id,
+            "status": u.status.value,
+            "tried": u.tried,
+            "deferred": u.deferred,
+            "next_attempt_at": None if u.next_attempt_at is None else u.next_attempt_at.isoformat(),
+            "last_status_code": u.last_status_code,
+            "last_error": None if u.last_error is None else u.last_error[:_LAST_ERROR_MAX],
+            "completed_at": None if u.status is DeliveryStatus.PENDING else completed,
+        }
+        for u in sorted(updates, key=lambda u: u.delivery_id)
+    ]
+    tries = [{**_attempt_params(a), "started_at": a.started_at.isoformat()} for a in attempts]
     return {
         "now": now,
         "lease_until": lease_until,
-        "a_delivery": [a.delivery_id for a in attempts],
-        "a_number": [a.attempt_number for a in attempts],
-        "a_started": [a.started_at for a in attempts],
-        "a_duration": [a.duration_ms for a in attempts],
-        "a_status": [a.status_code for a in attempts],
-        "a_excerpt": [a.response_excerpt for a in attempts],
-        "a_error": [a.error_class for a in attempts],
-        "a_outcome": [a.outcome for a in attempts],
-        "u_id": [u.delivery_id for u in ordered],
-        "u_status": [u.status.value for u in ordered],
-        "u_tried": [u.tried for u in ordered],
-        "u_deferred": [u.deferred for u in ordered],
-        "u_next": [u.next_attempt_at for u in ordered],
-        "u_code": [u.last_status_code for u in ordered],
-        "u_error": [None if u.last_error is None else u.last_error[:_LAST_ERROR_MAX] for u in ordered],
-        "u_completed": [None if u.status is DeliveryStatus.PENDING else now for u in ordered],
+        "attempts": json.dumps(tries),
+        "updates": json.dumps(rows),
     }
 
 
