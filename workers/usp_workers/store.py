@@ -257,29 +257,29 @@ def _statements(dialect: str) -> _Statements:
 def _read(claimed: Any) -> sa.Select[Any]:
     """``claimed``'s rows (``id``, ``event_id``, ``subscription_id``, ``attempt_count``) with what
     a try needs of their events and subscriptions (null where those are gone), in id order."""
-    events, subscriptions = _events, _subscriptions
+    events, subscriptions = _events.c, _subscriptions.c
     return (
         sa.select(
             claimed.c.id,
             claimed.c.event_id,
             claimed.c.subscription_id,
             claimed.c.attempt_count,
-            events.c.event_type,
-            events.c.correlation_id,
-            events.c.payload,
-            subscriptions.c.url,
-            subscriptions.c.transport,
-            subscriptions.c.state,
-            subscriptions.c.rate_limit,
-            subscriptions.c.consecutive_failures,
-            subscriptions.c.failing_since,
-            subscriptions.c.last_success_at,
-            subscriptions.c.breaker_state,
-            subscriptions.c.breaker_until,
+            events.event_type,
+            events.correlation_id,
+            events.payload,
+            subscriptions.url,
+            subscriptions.transport,
+            subscriptions.state,
+            subscriptions.rate_limit,
+            subscriptions.consecutive_failures,
+            subscriptions.failing_since,
+            subscriptions.last_success_at,
+            subscriptions.breaker_state,
+            subscriptions.breaker_until,
         )
         .select_from(
-            claimed.outerjoin(events, events.c.id == claimed.c.event_id).outerjoin(
-                subscriptions, subscriptions.c.id == claimed.c.subscription_id
+            claimed.outerjoin(_events, events.id == claimed.c.event_id).outerjoin(
+                _subscriptions, subscriptions.id == claimed.c.subscription_id
             )
         )
         .order_by(claimed.c.id)
