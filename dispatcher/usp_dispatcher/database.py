@@ -11,9 +11,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import sqlalchemy as sa
-from alembic import command
-from alembic.config import Config
 from sqlalchemy.engine import Engine
 
 from usp_workers import db
@@ -27,11 +24,4 @@ _MIGRATION_LOCK = 0x5553_5044  # "USPD": not the engine's lock, so the two chain
 def upgrade(engine: Engine, revision: str = "head") -> None:
     """Bring both chains to their head (``revision`` applies to the domain's chain)."""
     db.upgrade(engine)
-    with engine.begin() as connection:
-        if connection.dialect.name == "postgresql":
-            # Replicas starting together on an empty database must not migrate concurrently.
-            connection.execute(sa.text("SELECT pg_advisory_xact_lock(:key)"), {"key": _MIGRATION_LOCK})
-        config = Config()
-        config.set_main_option("script_location", str(MIGRATIONS))
-        config.attributes["connection"] = connection
-        command.upgrade(config, revision)
+    db.run_migrations(engine, MIGRATIONS, lock=_MIGRATION_LOCK, revision=revision)

@@ -19,7 +19,7 @@ from sqlmodel import Session
 
 from .settings import Settings
 
-__all__ = ["MIGRATIONS", "make_engine", "session", "upgrade"]
+__all__ = ["MIGRATIONS", "make_engine", "run_migrations", "session", "upgrade"]
 
 MIGRATIONS = Path(__file__).with_name("migrations")
 _MIGRATION_LOCK = 0x5553_5057  # "USPW": the advisory lock id migrations hold on PostgreSQL
@@ -48,18 +48,21 @@ def session(engine: Engine) -> Session:
 
 def upgrade(engine: Engine, revision: str = "head") -> None:
     """Bring the schema to ``revision`` (creating it from an empty database)."""
+    run_migrations(engine, MIGRATIONS, lock=_MIGRATION_LOCK, revision=revision)
+
+
+def run_migrations(engine: Engine, scripts: Path, *, lock: int, revision: str = "head") -> None:
+    """Run the Alembic chain in ``scripts`` to ``revision`` in one transaction, holding the
+    advisory lock ``lock`` on PostgreSQL: several replicas starting together on one empty
+    database must not migrate concurrently (the dispatcher runs its own chain through this
+    too, under a lock of its own)."""
     with engine.begin() as connection:
         if connection.dialect.name == "postgresql":
-            # Several API replicas starting on one empty database must not migrate concurrently.
-            connection.execute(sa.text("SELECT pg_advisory_xact_lock(:key)"), {"key": _MIGRATION_LOCK})
-        command.upgrade(_alembic_config(connection), revision)
-
-
-def _alembic_config(connection: sa.Connection) -> Config:
-    config = Config()
-    config.set_main_option("script_location", str(MIGRATIONS))
-    config.attributes["connection"] = connection
-    return config
+            connection.execute(sa.text("SELECT pg_advisory_xact_lock(:key)"), {"key": lock})
+        config = Config()
+        config.set_main_option("script_location", str(scripts))
+        config.attributes["connection"] = connection
+        command.upgrade(config, revision)
 
 
 def sqlite_pragmas(dbapi_connection: Any, *, foreign_keys: bool = True) -> None:
