@@ -7,6 +7,7 @@ checked is what gets published, read back from its message table.
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import logging
 import socket
@@ -21,7 +22,7 @@ from sqlalchemy.engine import Engine
 
 from usp_workers import tasks
 from usp_workers.celery_app import DELIVER_TASK, QUEUE, make_celery, redis_visibility_timeout
-from usp_workers.embedded_broker import celery_broker, make_broker_engine
+from usp_workers.embedded_broker import EMBEDDED_DRAIN_SLICE, celery_broker, make_broker_engine
 from usp_workers.models import Delivery
 from usp_workers.settings import Settings
 
@@ -129,6 +130,41 @@ def test_embedded_broker_is_kombus_sql_transport_without_its_url_prefix() -> Non
     assert celery.conf.task_reject_on_worker_lost
     assert celery.conf.worker_prefetch_multiplier == 1
     assert celery.conf.task_ignore_result
+
+
+def test_an_embedded_broker_wait_ends_after_its_slice_and_still_delivers(
+    make_settings: MakeSettings, tmp_path: Path
+) -> None:
+    """Celery's loop for polling transports waits up to 2 s per call and looks at its shutdown
+    flag only between calls: each wait is cut to the slice, so a stopping worker is not held."""
+    broker = f"sqla+sqlite:///{tmp_path / 'broker.sqlite3'}"
+    celery = make_celery(make_settings(broker_url=broker))
+    got: list[Any] = []
+
+    def take(body: Any, message: Any) -> None:
+        got.append(body)
+        message.ack()
+
+    try:
+        with (
+            celery.connection_for_read() as connection,
+            connection.Consumer(celery.amqp.queues[QUEUE], callbacks=[take], accept=["json"]),
+        ):
+            started = time.monotonic()
+            with pytest.raises(socket.timeout):
+                connection.drain_events(timeout=60)
+            waited = time.monotonic() - started
+            tasks.enqueue_deliveries(["dlv_1"], app=celery)
+            deadline = time.monotonic() + 30
+            while not got and time.monotonic() < deadline:
+                with contextlib.suppress(socket.timeout):
+                    connection.drain_events(timeout=60)
+    finally:
+        celery.close()
+
+    assert EMBEDDED_DRAIN_SLICE <= 1
+    assert waited < 10  # not the 60 s asked for
+    assert [body[0] for body in got] == [[["dlv_1"]]]  # args: (ids,)
 
 
 def test_redis_visibility_timeout_outlasts_the_lease() -> None:
