@@ -376,9 +376,9 @@ def _record_by_statements(
 #: Why: the general path (SQLite) costs an ``INSERT`` and an ``UPDATE`` per distinct new state,
 #: each built, compiled and sent on its own; and why JSON rather than one array per column:
 #: psycopg's array dumper checks every element of every array with a regular expression, which
-#: cost more than the rest of the record (``json.dumps`` is C). A deferred delivery (no try
-#: made) keeps its last status, error and ``completed_at``; ``next_attempt_at`` changes only
-#: where a new one is given.
+#: cost more than the rest of the record (``json.dumps`` is C). What each update writes is
+#: :func:`_new_values`, as on SQLite: a column it leaves out arrives null, and the ``CASE`` and
+#: ``COALESCE`` keep the delivery's own value there.
 #: The fence is our lease alone: ``lease_until`` is set only while a delivery is ``in_flight``
 #: (every way out of ``in_flight`` clears it), so it implies the status. Why not test the status
 #: as well: PostgreSQL may then plan the ``UPDATE`` on the due index (``status,
@@ -419,22 +419,24 @@ SELECT id FROM updated
 def _record_params(
     attempts: Sequence[AttemptRow], updates: Sequence[DeliveryUpdate], *, lease_until: datetime, now: datetime
 ) -> dict[str, Any]:
-    """:data:`_RECORD_POSTGRESQL`'s parameters (updates in id order, so concurrent records lock
-    rows in one order)."""
-    completed = now.isoformat()
-    rows = [
-        {
-            "id": u.delivery_id,
-            "status": u.status.value,
-            "tried": u.tried,
-            "deferred": u.deferred,
-            "next_attempt_at": None if u.next_attempt_at is None else u.next_attempt_at.isoformat(),
-            "last_status_code": u.last_status_code,
-            "last_error": None if u.last_error is None else u.last_error[:_LAST_ERROR_MAX],
-            "completed_at": None if u.status is DeliveryStatus.PENDING else completed,
-        }
-        for u in sorted(updates, key=lambda u: u.delivery_id)
-    ]
+    """:data:`_RECORD_POSTGRESQL`'s parameters: each update's :func:`_new_values` as one JSON row
+    (in id order, so concurrent records lock rows in one order). A column the values leave out
+    is null in the row, and the statement keeps the delivery's own there."""
+    rows = []
+    for update in sorted(updates, key=lambda u: u.delivery_id):
+        values = _new_values(update, now)
+        rows.append(
+            {
+                "id": update.delivery_id,
+                "status": values["status"],
+                "tried": update.tried,
+                "deferred": update.deferred,
+                "next_attempt_at": _iso(values.get("next_attempt_at")),
+                "last_status_code": values.get("last_status_code"),
+                "last_error": values.get("last_error"),
+                "completed_at": _iso(values.get("completed_at")),
+            }
+        )
     tries = [{**_attempt_params(a), "started_at": a.started_at.isoformat()} for a in attempts]
     return {
         "now": now,
@@ -442,6 +444,10 @@ def _record_params(
         "attempts": json.dumps(tries),
         "updates": json.dumps(rows),
     }
+
+
+def _iso(moment: datetime | None) -> str | None:
+    return None if moment is None else moment.isoformat()
 
 
 _GroupKey = tuple[bool, tuple[tuple[str, Any], ...]]
@@ -453,20 +459,28 @@ def _grouped(updates: Sequence[DeliveryUpdate], now: datetime) -> dict[_GroupKey
     successes of a batch are one UPDATE, not fifty."""
     groups: dict[_GroupKey, list[str]] = {}
     for update in sorted(updates, key=lambda u: u.delivery_id):
-        values: dict[str, Any] = {
-            "status": update.status.value,
-            "lease_until": None,
-            "enqueued_at": None,  # a retry is re-sent by the relay when due
-            "updated_at": now,
-        }
-        if not update.deferred:
-            values["last_status_code"] = update.last_status_code
-            values["last_error"] = None if update.last_error is None else update.last_error[:_LAST_ERROR_MAX]
-            values["completed_at"] = None if update.status is DeliveryStatus.PENDING else now
-        if update.next_attempt_at is not None:
-            values["next_attempt_at"] = update.next_attempt_at
-        groups.setdefault((update.tried, tuple(values.items())), []).append(update.delivery_id)
+        values = tuple(_new_values(update, now).items())
+        groups.setdefault((update.tried, values), []).append(update.delivery_id)
     return groups
+
+
+def _new_values(update: DeliveryUpdate, now: datetime) -> dict[str, Any]:
+    """The columns ``update`` writes (both dialects' record): a deferral (no try made) leaves the
+    last status, error and ``completed_at`` alone, and ``next_attempt_at`` is written only when a
+    new one is given."""
+    values: dict[str, Any] = {
+        "status": update.status.value,
+        "lease_until": None,
+        "enqueued_at": None,  # a retry is re-sent by the relay when due
+        "updated_at": now,
+    }
+    if not update.deferred:
+        values["last_status_code"] = update.last_status_code
+        values["last_error"] = None if update.last_error is None else update.last_error[:_LAST_ERROR_MAX]
+        values["completed_at"] = None if update.status is DeliveryStatus.PENDING else now
+    if update.next_attempt_at is not None:
+        values["next_attempt_at"] = update.next_attempt_at
+    return values
 
 
 def _attempt_params(row: AttemptRow) -> Mapping[str, Any]:
