@@ -15,7 +15,7 @@ from typing import Annotated, Literal
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-__all__ = ["DEFAULT_RETRY_SCHEDULE", "Settings"]
+__all__ = ["DEFAULT_RETRY_SCHEDULE", "EMBEDDED_HANDOFF_INTERVAL", "HANDOFF_INTERVAL", "Settings"]
 
 #: The hand-off interval on a network broker (Redis, RabbitMQ) and on the embedded one, whose
 #: every message costs ~4 ms (a SQLite write): measured, see :mod:`usp_workers.handoff`.
