@@ -556,9 +556,8 @@ def run_config(config: Config, args: argparse.Namespace, folder: Path) -> Result
             "per_endpoint_concurrency": args.endpoint_concurrency,
             "relay_interval_seconds": 0.5,
             "key_publish_lead_seconds": 0.0,
+            "handoff_interval_seconds": args.handoff_interval,
         }
-        if args.handoff_interval is not None:
-            fields["handoff_interval_seconds"] = args.handoff_interval
         settings = Settings(_env_file=None, **fields)
         env = {k: v for k, v in os.environ.items() if not k.startswith("USP_")}
         env |= {f"USP_{k.upper()}": str(v) for k, v in fields.items()}
@@ -801,9 +800,8 @@ def main() -> None:
     parser.add_argument(
         "--handoff-interval",
         type=float,
-        default=None,
-        help="USP_HANDOFF_INTERVAL_SECONDS (default: the broker's own, Settings.handoff_interval; "
-        "0: one publish per commit)",
+        default=Settings.model_fields["handoff_interval_seconds"].default,
+        help="USP_HANDOFF_INTERVAL_SECONDS (0: one publish per commit)",
     )
     parser.add_argument("--endpoint-concurrency", type=int, default=8, help="USP_PER_ENDPOINT_CONCURRENCY")
     parser.add_argument("--timeout", type=float, default=180.0, help="seconds to wait for a phase")

@@ -10,12 +10,10 @@ import logging
 import threading
 import time
 from collections.abc import Iterator, Sequence
-from pathlib import Path
 
 import pytest
 
 from usp_workers.handoff import HandOff
-from usp_workers.settings import EMBEDDED_HANDOFF_INTERVAL, HANDOFF_INTERVAL, Settings
 
 #: Seconds to wait for something that should happen at once (a generous bound, not a timing).
 SOON = 10.0
@@ -116,26 +114,3 @@ def test_a_closed_hand_off_refuses_more(handoff: HandOff, published: Published) 
     with pytest.raises(RuntimeError, match="closed"):
         handoff(["dlv_1"])
     assert published.batches == []
-
-
-@pytest.mark.parametrize(
-    ("broker_url", "configured", "expected"),
-    [
-        ("redis://127.0.0.1:6379/0", None, HANDOFF_INTERVAL),
-        ("amqp://guest:guest@127.0.0.1:5672//", None, HANDOFF_INTERVAL),
-        (None, None, EMBEDDED_HANDOFF_INTERVAL),  # the embedded broker: a SQLite write per message
-        ("redis://127.0.0.1:6379/0", 0.05, 0.05),
-        (None, 0.0, 0.0),  # 0: every commit publishes at once, whatever the broker
-    ],
-)
-def test_the_default_interval_is_the_brokers_own(
-    broker_url: str | None, configured: float | None, expected: float, tmp_path: Path
-) -> None:
-    settings = Settings(
-        _env_file=None,
-        database_url=f"sqlite:///{tmp_path / 'usp.sqlite3'}",
-        broker_url=broker_url,
-        handoff_interval_seconds=configured,
-    )
-    assert HANDOFF_INTERVAL < EMBEDDED_HANDOFF_INTERVAL
-    assert settings.handoff_interval == expected

@@ -15,20 +15,15 @@ service adds no delay), otherwise they wait, with every commit made meanwhile, u
 after it; full batches of ``batch_size`` never wait. So no delivery waits longer than
 ``interval``, and under load one message carries every commit of an ``interval``.
 
-The default interval (:attr:`~usp_workers.settings.Settings.handoff_interval`) is measured,
-not guessed, and depends on the broker:
-
-* **10 ms on Redis or RabbitMQ.** The wait is paid by every delivery of a busy service: half
-  the interval on average. Once a task's claim and record became one statement each, the extra
-  tasks cost less than that wait. In interleaved bench runs (Redis + PostgreSQL, paced at a
-  fixed 600 deliveries/s), 10 ms against 30 ms gave p50 19-24 ms against 27-47 ms, and a lower
-  p99 in three of five pairs (median 56 against 70 ms). 10 ms against 20 ms gave a lower p99 in
-  all three pairs. The cost is worker CPU: ~1.27 ms per delivery in the paced phase against
-  0.8-1.1 ms.
-* **30 ms on the embedded broker.** Each of its messages is a SQLite write (~4 ms), so more of
-  them cost more than the wait saves: in two interleaved pairs, 10 ms gave a p99 of 356 and
-  615 ms against 172 and 269 ms. An earlier version's runs on Redis had also favoured 30 ms over
-  20 ms, in seven of eight pairs on a busy machine, when each task cost ~5 ms of CPU.
+The default interval (``handoff_interval_seconds``, 30 ms) is measured, not guessed: in eight
+pairs of bench runs (20 ms, then 30 ms, minutes apart), 30 ms had the lower p99 at half load in
+the seven made while the machine was busy (47-95 ms against 59-249 ms), at about the same p50
+(the shorter queue pays for the wait); on a quiet machine 20 ms did a little better (p99 35-40
+ms against 47). Re-measured once claim and record had become one statement each: 10 ms halves
+p50 on Redis (16-25 ms against 30-47), but p99 was lower in only about half of the interleaved pairs
+(5 of 9), the workers spend 20-60% more CPU per delivery at half load, and on the embedded
+broker (a SQLite write per message) p99 doubled. So 30 ms stays; an interval that adapts to
+the load is what would keep both.
 
 Nothing is lost by waiting in memory: every delivery was committed already marked
 ``enqueued_at``, so if this process dies before the hand-off the relay re-sends it after

@@ -15,12 +15,7 @@ from typing import Annotated, Literal
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-__all__ = ["DEFAULT_RETRY_SCHEDULE", "EMBEDDED_HANDOFF_INTERVAL", "HANDOFF_INTERVAL", "Settings"]
-
-#: The hand-off interval on a network broker (Redis, RabbitMQ) and on the embedded one, whose
-#: every message costs ~4 ms (a SQLite write): measured, see :mod:`usp_workers.handoff`.
-HANDOFF_INTERVAL = 0.01
-EMBEDDED_HANDOFF_INTERVAL = 0.03
+__all__ = ["DEFAULT_RETRY_SCHEDULE", "Settings"]
 
 #: Seconds to wait after each failed try (SPEC-NOTES): 5 s, 5 min, 30 min, 2 h, 5 h, 10 h, 10 h.
 DEFAULT_RETRY_SCHEDULE: tuple[float, ...] = (5, 300, 1800, 7200, 18000, 36000, 36000)
@@ -92,13 +87,12 @@ class Settings(BaseSettings):
         "is sent to the workers again by the scheduler",
     )
     batch_size: int = Field(default=50, ge=1, le=1000, description="deliveries per worker task")
-    handoff_interval_seconds: float | None = Field(
-        default=None,
+    handoff_interval_seconds: float = Field(
+        default=0.03,
         ge=0,
         description="a commit's deliveries go to the broker at once when the last hand-off is this old, "
         "else with the commits made until then (fuller tasks under load; a full batch never waits); "
-        "0: every commit publishes on the committing thread. Unset: 0.01 on a network broker, 0.03 "
-        "on the embedded one (see handoff_interval)",
+        "0: every commit publishes on the committing thread",
     )
     per_endpoint_concurrency: int = Field(
         default=8, ge=1, description="concurrent requests to one endpoint per worker"
@@ -206,20 +200,6 @@ class Settings(BaseSettings):
     @property
     def uses_embedded_broker(self) -> bool:
         return self.broker_url_resolved.startswith("sqla+")
-
-    @property
-    def handoff_interval(self) -> float:
-        """The hand-off interval in force (:mod:`usp_workers.handoff`): the configured one, else
-        :data:`HANDOFF_INTERVAL`, or :data:`EMBEDDED_HANDOFF_INTERVAL` on the embedded broker.
-
-        >>> Settings(broker_url="redis://127.0.0.1:6379/0").handoff_interval
-        0.01
-        >>> Settings(database_url="sqlite:///demo.sqlite3").handoff_interval
-        0.03
-        """
-        if self.handoff_interval_seconds is not None:
-            return self.handoff_interval_seconds
-        return EMBEDDED_HANDOFF_INTERVAL if self.uses_embedded_broker else HANDOFF_INTERVAL
 
 
 def _embedded_broker_path(database_url: str) -> Path:

@@ -225,15 +225,15 @@ def install_enqueuer(settings: Settings) -> Celery:
     broker of ``settings``; return the app used. A failed hand-off never reaches emit's caller:
     it is logged, and the relay re-sends the deliveries later.
 
-    With a hand-off interval > 0 (the default, :attr:`Settings.handoff_interval`) the hand-off
-    is a :class:`HandOff`: published on its own thread, commits coalesced under load. Call
-    :func:`flush_enqueuer` to wait until what was committed so far is published."""
+    With ``handoff_interval_seconds`` > 0 (the default) the hand-off is a :class:`HandOff`:
+    published on its own thread, commits coalesced under load. Call :func:`flush_enqueuer` to
+    wait until what was committed so far is published."""
     global _installed, _handoff
     celery = make_celery(settings)
     publish = enqueuer(celery)
     handoff = (
-        HandOff(publish, interval=settings.handoff_interval, batch_size=settings.batch_size)
-        if settings.handoff_interval > 0
+        HandOff(publish, interval=settings.handoff_interval_seconds, batch_size=settings.batch_size)
+        if settings.handoff_interval_seconds > 0
         else None
     )
     outbox.set_enqueuer(handoff or publish)
