@@ -19,15 +19,17 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
+from sqlmodel import select
 
-from usp_workers import tasks
+from usp_workers import outbox, tasks
 from usp_workers.celery_app import DELIVER_TASK, QUEUE, make_celery, redis_visibility_timeout
+from usp_workers.db import session
 from usp_workers.embedded_broker import EMBEDDED_DRAIN_SLICE, celery_broker, make_broker_engine
-from usp_workers.models import Delivery
+from usp_workers.models import Delivery, EventRecord
 from usp_workers.settings import Settings
 
 from .conftest import MakeSettings
-from .support import add_subscription, delivery, emit_event
+from .support import add_subscription, booking_event, delivery, emit_event
 
 
 @pytest.fixture(autouse=True)
@@ -173,3 +175,28 @@ def test_redis_visibility_timeout_outlasts_the_lease() -> None:
     options = celery.conf.broker_transport_options
     assert options["visibility_timeout"] == redis_visibility_timeout(settings) > settings.lease_seconds
     assert redis_visibility_timeout(Settings(_env_file=None)) == 3600
+
+
+def test_a_rolled_back_emit_writes_nothing_and_hands_off_nothing(database: Engine) -> None:
+    """The outbox's hooks live on the Session class: a rollback must drop what the undone
+    transaction queued, so the session's next commit hands off only its own deliveries."""
+    add_subscription(database, "https://a.example/hooks")
+    handed: list[list[str]] = []
+    outbox.set_enqueuer(lambda ids: handed.append(list(ids)))
+    try:
+        with session(database) as s:
+            dropped = outbox.emit(s, booking_event()).id
+            s.flush()  # its delivery row is written in the transaction, then undone
+            s.rollback()
+            kept = outbox.emit(s, booking_event()).id
+            s.commit()
+    finally:
+        outbox.set_enqueuer(None)
+
+    with session(database) as s:
+        kept_ids = list(s.exec(select(Delivery.id).where(Delivery.event_id == kept)).all())
+        dropped_ids = list(s.exec(select(Delivery.id).where(Delivery.event_id == dropped)).all())
+        assert s.get(EventRecord, dropped) is None
+    assert len(kept_ids) == 1
+    assert dropped_ids == []
+    assert handed == [kept_ids]
