@@ -69,7 +69,7 @@ from usp_workers import outbox, store, tasks
 from usp_workers.db import make_engine, session, upgrade
 from usp_workers.keycache import current_signing_keys
 from usp_workers.keys import ensure_signing_key, published_jwks
-from usp_workers.models import Delivery, DeliveryStatus, Subscription, utcnow
+from usp_workers.models import Attempt, Delivery, DeliveryStatus, Subscription, utcnow
 from usp_workers.payloads import build_delivery_request
 from usp_workers.settings import Settings
 from usp_workers.worker import worker_argv
@@ -673,6 +673,7 @@ def measure(
     result.p99 = p99_of(latencies)
     if args.timeline:
         print_timeline(committed, arrivals)
+        print_stages(engine, committed, arrivals)
         per_delivery = {k: v * 1e6 / len(committed) for k, v in paced_cpu.items()}
         cores = sum(paced_cpu.values()) / paced_wall
         print(f"  paced: CPU µs/delivery {' · '.join(f'{k} {v:,.0f}' for k, v in per_delivery.items())}; "
@@ -720,6 +721,27 @@ def print_timeline(committed: Mapping[str, float], arrivals: Mapping[str, float]
         values.sort()
         print(f"  t={second:>2}s  n={len(values):>5}  p50={statistics.median(values):6.1f}  "
               f"p99={p99_of(values):6.1f}  max={values[-1]:6.1f} ms")  # fmt: skip
+
+
+def print_stages(engine: Engine, committed: Mapping[str, float], arrivals: Mapping[str, float]) -> None:
+    """Where the paced phase's latency goes: from the commit to the start of the first try (the
+    hand-off's wait, the broker, the worker's claim and signing), and from there to the first
+    arrival (the HTTP exchange and the receiver), from the attempts the workers recorded."""
+    statement = (
+        select(Delivery.event_id, func.min(Attempt.started_at))
+        .join(Attempt, col(Attempt.delivery_id) == col(Delivery.id))
+        .group_by(col(Delivery.event_id))
+    )
+    with Session(engine) as s:
+        rows = s.exec(statement).all()
+    started = {event_id: moment.timestamp() for event_id, moment in rows if event_id in committed}
+    if not started:
+        print("  stages: no attempts recorded")
+        return
+    before = sorted((started[i] - committed[i]) * 1000 for i in started)
+    after = sorted((arrivals[i] - started[i]) * 1000 for i in started)
+    print(f"  stages: commit → try start p50 {statistics.median(before):.1f} p99 {p99_of(before):.1f} ms · "
+          f"try start → arrival p50 {statistics.median(after):.1f} p99 {p99_of(after):.1f} ms")  # fmt: skip
 
 
 def p99_of(ordered: Sequence[float]) -> float:
@@ -810,7 +832,9 @@ def main() -> None:
     parser.add_argument("--redis-url", default=DEFAULT_REDIS)
     parser.add_argument("--postgres-url", default=DEFAULT_POSTGRES)
     parser.add_argument("--keep", action="store_true", help="keep the logs folder")
-    parser.add_argument("--timeline", action="store_true", help="print the paced phase's latency per second")
+    parser.add_argument(
+        "--timeline", action="store_true", help="print the paced phase's latency by second and stage"
+    )
     parser.add_argument(
         "--pg-options",
         default="",
