@@ -65,7 +65,7 @@ def encode_body(event: EventView, transport: Transport) -> bytes:
     """The request body carrying ``event`` over ``transport``.
 
     >>> from usp_workers.store import LoadedEvent
-    >>> encode_body(LoadedEvent("evt_1", "booking.confirmed", None, '{"a":1}'), Transport.JSONRPC)
+    >>> encode_body(LoadedEvent("evt_1", None, '{"a":1}'), Transport.JSONRPC)
     b'{"jsonrpc":"2.0","method":"usp_webhook","params":{"a":1}}'
     """
     envelope = event.payload.encode("utf-8")

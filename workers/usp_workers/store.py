@@ -117,7 +117,6 @@ class LoadedEvent:
     """What a try needs of its event (an :class:`~usp_workers.models.EventView`)."""
 
     id: str
-    event_type: str
     correlation_id: str | None
     payload: str
 
@@ -170,8 +169,8 @@ def claim_and_load(
     subscriptions: dict[str, LoadedSubscription] = {}
     for row in rows:
         claims.append(Claimed(row.id, row.event_id, row.subscription_id, row.attempt_count))
-        if row.event_type is not None and row.event_id not in events:
-            events[row.event_id] = LoadedEvent(row.event_id, row.event_type, row.correlation_id, row.payload)
+        if row.payload is not None and row.event_id not in events:  # null: the event is gone
+            events[row.event_id] = LoadedEvent(row.event_id, row.correlation_id, row.payload)
         if row.url is not None and row.subscription_id not in subscriptions:
             subscriptions[row.subscription_id] = LoadedSubscription(
                 id=row.subscription_id,
@@ -264,7 +263,6 @@ def _read(claimed: Any) -> sa.Select[Any]:
             claimed.c.event_id,
             claimed.c.subscription_id,
             claimed.c.attempt_count,
-            events.event_type,
             events.correlation_id,
             events.payload,
             subscriptions.url,
