@@ -67,6 +67,7 @@ from usp_receiver import SigningKey, sign_request
 from usp_schemas import BOOKING_CONFIRMED_EXAMPLE, new_event_id
 from usp_workers import outbox, store, tasks
 from usp_workers.db import make_engine, session, upgrade
+from usp_workers.heap import freeze_startup_heap
 from usp_workers.keycache import current_signing_keys
 from usp_workers.keys import ensure_signing_key, published_jwks
 from usp_workers.models import Attempt, Delivery, DeliveryStatus, Subscription, utcnow
@@ -592,6 +593,9 @@ def run_config(config: Config, args: argparse.Namespace, folder: Path) -> Result
                     "from usp_workers.settings import Settings; run_relay(Settings())",
                 ]
                 stack.start("relay", relay, env, folder).wait_for("scheduler started")
+            # This process commits and hands off the events, as the API does, so it freezes
+            # its start-up heap as the API's lifespan does once started (usp_workers.heap).
+            freeze_startup_heap()
             measure(result, engine, receiver, stack, args)
         finally:
             outbox.set_enqueuer(None)

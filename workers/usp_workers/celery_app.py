@@ -32,10 +32,11 @@ import threading
 from typing import Any
 
 from celery import Celery
-from celery.signals import after_setup_logger, worker_init, worker_process_init
+from celery.signals import after_setup_logger, worker_init, worker_process_init, worker_ready
 from kombu.entity import Queue
 
 from .embedded_broker import celery_broker
+from .heap import freeze_startup_heap
 from .logs import hook_celery_logging
 from .settings import Settings
 
@@ -214,10 +215,18 @@ def _tune_interpreter(**_: Any) -> None:
     sys.setswitchinterval(WORKER_SWITCH_INTERVAL)
 
 
+def _freeze_startup_heap(**_: Any) -> None:
+    freeze_startup_heap()
+
+
 # Only where a worker starts (its main process, and each child of a prefork pool): the API and
 # the scheduler import this module too and keep Python's defaults.
 worker_init.connect(_tune_interpreter, weak=False)
 worker_process_init.connect(_tune_interpreter, weak=False)
+# Once the worker is up (with the threads pool, the process that runs the batches; with
+# prefork, each child once initialised): see usp_workers.heap.
+worker_ready.connect(_freeze_startup_heap, weak=False)
+worker_process_init.connect(_freeze_startup_heap, weak=False)
 
 #: The app ``celery -A usp_workers.celery_app worker`` runs, configured from the environment.
 app: Celery = make_celery(Settings())

@@ -1,0 +1,29 @@
+"""The API freezes its start-up heap once it has started (see ``usp_workers.heap``): the process
+that hands committed deliveries to the broker is the one whose full collections would stall it."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+
+def test_the_api_freezes_its_start_up_heap_once_started(tmp_path: Path) -> None:
+    code = (
+        "import gc\n"
+        "from fastapi.testclient import TestClient\n"
+        "from usp_dispatcher.app import create_app\n"
+        "from usp_workers.settings import Settings\n"
+        f"settings = Settings(_env_file=None, database_url='sqlite:///{tmp_path}/db.sqlite3',"
+        f" broker_url='sqla+sqlite:///{tmp_path}/broker.sqlite3')\n"
+        "app = create_app(settings)\n"
+        "created = gc.get_freeze_count()\n"
+        "with TestClient(app) as client:\n"
+        "    started = gc.get_freeze_count()\n"
+        "    status = client.get('/.well-known/usp/jwks.json').status_code\n"
+        "print(created, started > 0, status)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120, cwd=tmp_path
+    )
+    assert out.stdout.split() == ["0", "True", "200"]
