@@ -15,10 +15,11 @@ the hand-off for as long (the runs' worst seconds: p99 65-100 ms against ~40 in 
 After :func:`freeze_startup_heap` the same passes scan only what was made since, ~35,000
 objects, 11-21 ms.
 
-The cost: an object frozen here that later becomes part of unreachable cycles is never
+The cost: an object frozen here that later becomes part of an unreachable cycle is never
 collected. Start-up objects stay for the life of the process anyway, which is why this freezes
-once per process, when it is ready, and not again (a later freeze would also pin whatever the
-process has allocated meanwhile and dropped since).
+once per process, when it is ready, and not again: a later freeze would also pin what the
+process made since (a finished request's objects, a test's fixtures), which need not live as
+long.
 """
 
 from __future__ import annotations
