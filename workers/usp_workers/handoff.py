@@ -22,8 +22,14 @@ the seven made while the machine was busy (47-95 ms against 59-249 ms), at about
 ms against 47). Re-measured once claim and record had become one statement each: 10 ms halves
 p50 on Redis (16-25 ms against 30-47), but p99 was lower in only about half of the interleaved pairs
 (5 of 9), the workers spend 20-60% more CPU per delivery at half load, and on the embedded
-broker (a SQLite write per message) p99 doubled. So 30 ms stays; an interval that adapts to
-the load is what would keep both.
+broker (a SQLite write per message) p99 doubled. Measured again on a faster machine, with the
+start-up heap frozen (:mod:`usp_workers.heap`), two pairs each: at half load 20 ms had p99 30.5
+ms against 41-42, but at 85% load 319-330 ms against 129-174; sending at once whenever 16
+deliveries wait did the same (23-26 ms against 39-46 at half load, 55-334 against 69-119 at
+85%). Shorter waits buy the quiet case's latency with the busy case's CPU, so 30 ms stays.
+Adapting to the load needs a signal of the workers' backlog, which the committing process does
+not have: with one prefetched message per worker thread the broker's queue stays empty until
+every thread is busy.
 
 Nothing is lost by waiting in memory: every delivery was committed already marked
 ``enqueued_at``, so if this process dies before the hand-off the relay re-sends it after
