@@ -25,8 +25,8 @@ p50 on Redis (16-25 ms against 30-47), but p99 was lower in only about half of t
 broker (a SQLite write per message) p99 doubled. Measured again on a faster machine, with the
 start-up heap frozen (:mod:`usp_workers.heap`), two pairs each: at half load 20 ms had p99 30.5
 ms against 41-42, but at 85% load 319-330 ms against 129-174; sending at once whenever 16
-deliveries wait did the same (23-26 ms against 39-46 at half load, 55-334 against 69-119 at
-85%). Shorter waits buy the quiet case's latency with the busy case's CPU, so 30 ms stays.
+deliveries wait did the same, measured there before the freeze (23-26 ms against 39-46 at half
+load, 55-334 against 69-119 at 85%). Shorter waits buy the quiet case's latency with the busy case's CPU, so 30 ms stays.
 Adapting to the load needs a signal of the workers' backlog, which the committing process does
 not have: with one prefetched message per worker thread the broker's queue stays empty until
 every thread is busy.
