@@ -26,10 +26,10 @@ broker (a SQLite write per message) p99 doubled. Measured again on a faster mach
 start-up heap frozen (:mod:`usp_workers.heap`), two pairs each: at half load 20 ms had p99 30.5
 ms against 41-42, but at 85% load 319-330 ms against 129-174; sending at once whenever 16
 deliveries wait did the same, measured there before the freeze (23-26 ms against 39-46 at half
-load, 55-334 against 69-119 at 85%). Shorter waits buy the quiet case's latency with the busy case's CPU, so 30 ms stays.
-Adapting to the load needs a signal of the workers' backlog, which the committing process does
-not have: with one prefetched message per worker thread the broker's queue stays empty until
-every thread is busy.
+load, 55-334 against 69-119 at 85%). Shorter waits buy the quiet case's latency with the busy
+case's CPU, so 30 ms stays. Adapting to the load needs a signal of the workers' backlog, which
+the committing process does not have: with one prefetched message per worker thread the
+broker's queue stays empty until every thread is busy.
 
 Nothing is lost by waiting in memory: every delivery was committed already marked
 ``enqueued_at``, so if this process dies before the hand-off the relay re-sends it after
