@@ -17,6 +17,16 @@ from pydantic import ConfigDict, Field, TypeAdapter, ValidationError, model_vali
 from pydantic_core import ErrorDetails
 
 from ._base import WireModel, always_sent
+from ._content import (
+    ContentSubscription,
+    ContentSubscriptionStatus,
+    Entitlement,
+    EntitlementStatus,
+    Post,
+    PostId,
+    Publication,
+    PublicationId,
+)
 from ._payloads import AvailabilityChange, Booking, BookingState, Service, WaitlistEntry, WaitlistState
 from ._types import BookingId, EventId, ServiceId, UtcTimestamp, WaitlistEntryId
 from ._version import USP_VERSION, UspVersion
@@ -32,12 +42,24 @@ __all__ = [
     "BookingEvent",
     "BookingNoShow",
     "BookingRescheduled",
+    "ContentEvent",
+    "EntitlementEvent",
+    "EntitlementGranted",
+    "EntitlementRevoked",
     "EventEnvelope",
     "EventValidationError",
+    "PostEvent",
+    "PostPublished",
+    "PostUpdated",
+    "PublicationUpdated",
     "ServiceCreated",
     "ServiceDeleted",
     "ServiceEvent",
     "ServiceUpdated",
+    "SubscriptionActivated",
+    "SubscriptionCancelled",
+    "SubscriptionCreated",
+    "SubscriptionEvent",
     "WaitlistConverted",
     "WaitlistEvent",
     "WaitlistExpired",
@@ -228,6 +250,120 @@ class WaitlistLeft(WaitlistEvent):
     event: Literal["waitlist.left"] = "waitlist.left"
 
 
+class ContentEvent(EventEnvelope):
+    """Base of ``content.*`` (UCAP): ``publisher_id`` is the publication the event is about."""
+
+    publisher_id: PublicationId
+
+
+class PostEvent(ContentEvent):
+    """Base of ``content.post.*``: ``post_id`` must equal ``data.id`` (metadata only, no body)."""
+
+    post_id: PostId
+    data: Post
+
+    @model_validator(mode="after")
+    def _subject_matches_data(self) -> Self:
+        _require_equal("post_id", self.post_id, "data.id", self.data.id)
+        _require_equal("publisher_id", self.publisher_id, "data.publisher_id", self.data.publisher_id)
+        return self
+
+
+class PostPublished(PostEvent):
+    """A post was published."""
+
+    event: Literal["content.post.published"] = "content.post.published"
+
+
+class PostUpdated(PostEvent):
+    """A published post changed; ``data`` is the whole post's metadata."""
+
+    event: Literal["content.post.updated"] = "content.post.updated"
+
+
+class PublicationUpdated(ContentEvent):
+    """A publication (its name, description, tiers ...) changed; ``data`` is all of it."""
+
+    event: Literal["content.publication.updated"] = "content.publication.updated"
+    data: Publication
+
+    @model_validator(mode="after")
+    def _subject_matches_data(self) -> Self:
+        _require_equal("publisher_id", self.publisher_id, "data.id", self.data.id)
+        return self
+
+
+class SubscriptionEvent(ContentEvent):
+    """Base of ``content.subscription.*``: ``subscription_id`` must equal ``data.id``."""
+
+    data_states: ClassVar[frozenset[ContentSubscriptionStatus]]
+
+    subscription_id: str = Field(pattern=r"^csub_[0-9A-Za-z_-]{1,120}$")
+    data: ContentSubscription
+
+    @model_validator(mode="after")
+    def _subject_matches_data(self) -> Self:
+        _require_equal("subscription_id", self.subscription_id, "data.id", self.data.id)
+        _require_equal("publisher_id", self.publisher_id, "data.publisher_id", self.data.publisher_id)
+        _require_state(self.event, self.data.status, self.data_states)
+        return self
+
+
+class SubscriptionCreated(SubscriptionEvent):
+    """An agent asked to subscribe; the subscription waits for its payment."""
+
+    data_states = frozenset({"pending_payment"})
+    event: Literal["content.subscription.created"] = "content.subscription.created"
+
+
+class SubscriptionActivated(SubscriptionEvent):
+    """The payment was confirmed: the subscription is active."""
+
+    data_states = frozenset({"active"})
+    event: Literal["content.subscription.activated"] = "content.subscription.activated"
+
+
+class SubscriptionCancelled(SubscriptionEvent):
+    """The subscription was cancelled (by the agent, or the business)."""
+
+    data_states = frozenset({"cancelled"})
+    event: Literal["content.subscription.canceled"] = "content.subscription.canceled"
+
+
+class EntitlementEvent(ContentEvent):
+    """Base of ``content.entitlement.*``: ``entitlement_id`` must equal ``data.id``."""
+
+    data_states: ClassVar[frozenset[EntitlementStatus]]
+
+    entitlement_id: str = Field(pattern=r"^ent_[0-9A-Za-z_-]{1,120}$")
+    subscription_id: str = Field(pattern=r"^csub_[0-9A-Za-z_-]{1,120}$")
+    data: Entitlement
+
+    @model_validator(mode="after")
+    def _subject_matches_data(self) -> Self:
+        _require_equal("entitlement_id", self.entitlement_id, "data.id", self.data.id)
+        _require_equal(
+            "subscription_id", self.subscription_id, "data.subscription_id", self.data.subscription_id
+        )
+        _require_equal("publisher_id", self.publisher_id, "data.publisher_id", self.data.publisher_id)
+        _require_state(self.event, self.data.status, self.data_states)
+        return self
+
+
+class EntitlementGranted(EntitlementEvent):
+    """An agent may now read the tier's posts."""
+
+    data_states = frozenset({"active"})
+    event: Literal["content.entitlement.granted"] = "content.entitlement.granted"
+
+
+class EntitlementRevoked(EntitlementEvent):
+    """An entitlement ended before its term (cancelled) or at it (expired)."""
+
+    data_states = frozenset({"cancelled", "expired"})
+    event: Literal["content.entitlement.revoked"] = "content.entitlement.revoked"
+
+
 #: Any USP webhook event, discriminated on ``event`` so ``data`` is typed. Use with
 #: ``pydantic.TypeAdapter`` or as a field type; ``parse_event`` is the short way.
 WebhookEvent: TypeAlias = Annotated[
@@ -245,7 +381,15 @@ WebhookEvent: TypeAlias = Annotated[
     | WaitlistOffered
     | WaitlistConverted
     | WaitlistExpired
-    | WaitlistLeft,
+    | WaitlistLeft
+    | PostPublished
+    | PostUpdated
+    | PublicationUpdated
+    | SubscriptionCreated
+    | SubscriptionActivated
+    | SubscriptionCancelled
+    | EntitlementGranted
+    | EntitlementRevoked,
     Field(discriminator="event"),
 ]
 

@@ -18,6 +18,7 @@ from typing import Any
 
 from pydantic import BaseModel, TypeAdapter
 
+from ._content import ContentSubscription, Entitlement, Post, Publication
 from ._events import WebhookEvent
 from ._jsonrpc import WebhookNotification
 from ._mcp import ToolResult
@@ -36,6 +37,10 @@ _PAYLOADS: dict[str, type[BaseModel]] = {
     "waitlist_entry.json": WaitlistEntry,
     "message.json": Message,
     "mcp_tool_result.json": ToolResult,
+    "publication.json": Publication,
+    "post.json": Post,
+    "content_subscription.json": ContentSubscription,
+    "entitlement.json": Entitlement,
 }
 
 
@@ -43,7 +48,7 @@ def render_schemas() -> dict[str, str]:
     """Every schema file's name and exact text, without touching the disk (the drift test uses it).
 
     >>> sorted(render_schemas())[:3]
-    ['booking.json', 'jsonrpc_notification.json', 'mcp_tool_result.json']
+    ['booking.json', 'content_subscription.json', 'entitlement.json']
     """
     schemas: dict[str, dict[str, Any]] = {
         "webhook_event.json": _webhook_event_schema(),

@@ -24,6 +24,18 @@ SPEC_EVENT_TYPES = (
     "waitlist.expired",
     "waitlist.left",
 )
+# The UCAP content events issue 16 names, in its order.
+UCAP_EVENT_TYPES = (
+    "content.post.published",
+    "content.post.updated",
+    "content.publication.updated",
+    "content.subscription.created",
+    "content.subscription.activated",
+    "content.subscription.canceled",
+    "content.entitlement.granted",
+    "content.entitlement.revoked",
+)
+ALL_EVENT_TYPES = SPEC_EVENT_TYPES + UCAP_EVENT_TYPES
 
 EVENT_ID = "evt_019a2b3c4d5e7000800000000000000a"
 BUYER = {"first_name": "Alice", "last_name": "Ng", "email": "alice@example.com", "phone": "+15551234567"}
@@ -60,6 +72,8 @@ def sample(event: str) -> dict[str, Any]:
             "service_id": "svc_haircut_001",
             "data": {"service_id": "svc_haircut_001", "slots": [slot(), later]},
         }
+    elif event.startswith("content."):
+        body |= content_sample(event)
     else:
         state = event.removeprefix("waitlist.")
         body |= {"waitlist_entry_id": "wl_01hx5k", "service_id": "svc_haircut_001"}
@@ -129,3 +143,84 @@ def waitlist_entry(state: str, **changes: Any) -> dict[str, Any]:
     if state == "converted":
         data["booking_id"] = "bkg_456def"
     return data | changes
+
+
+PRICE = {"amount": 500, "currency": "USD", "interval": "month"}
+AGENT = {
+    "key_directory": "https://registry.example/jwks/alice-bot.json",
+    "key_thumbprint": "poqkLGiymh_W0uP6PZFw-dvez3QJT5SolqXBCW38r0U",
+}
+
+
+def content_sample(event: str) -> dict[str, Any]:
+    """The subject ids and ``data`` of a ``content.*`` event."""
+    body: dict[str, Any] = {"publisher_id": "pub_ai_weekly"}
+    if event.startswith("content.post."):
+        body |= {"post_id": "post_agents_2026", "data": post()}
+    elif event == "content.publication.updated":
+        body["data"] = publication()
+    elif event.startswith("content.subscription."):
+        status = {"created": "pending_payment", "activated": "active", "canceled": "cancelled"}
+        body |= {"subscription_id": "csub_01", "data": subscription(status[event.rsplit(".", 1)[1]])}
+    else:
+        status = "active" if event.endswith("granted") else "cancelled"
+        body |= {"entitlement_id": "ent_01", "subscription_id": "csub_01", "data": entitlement(status)}
+    return body
+
+
+def post(**changes: Any) -> dict[str, Any]:
+    return {
+        "id": "post_agents_2026",
+        "publisher_id": "pub_ai_weekly",
+        "title": "Agents that pay for what they read",
+        "author": "Ada Lovelace",
+        "excerpt": "How 402 became useful.",
+        "categories": ["ai", "payments"],
+        "language": "en",
+        "word_count": 1200,
+        "access": "paid",
+        "tier_ids": ["tier_pro"],
+        "published_at": "2026-11-30T09:00:00Z",
+        "updated_at": "2026-11-30T09:00:00Z",
+    } | changes
+
+
+def publication(**changes: Any) -> dict[str, Any]:
+    return {
+        "id": "pub_ai_weekly",
+        "slug": "ai-weekly",
+        "name": "AI Weekly",
+        "categories": ["ai"],
+        "external_ids": ["patreon:123456"],
+        "language": "en",
+        "tiers": [
+            {"tier_id": "tier_pro", "tier_name": "Pro", "price": dict(PRICE), "features": ["all posts"]}
+        ],
+    } | changes
+
+
+def subscription(status: str, **changes: Any) -> dict[str, Any]:
+    return {
+        "id": "csub_01",
+        "publisher_id": "pub_ai_weekly",
+        "tier_id": "tier_pro",
+        "agent": dict(AGENT),
+        "status": status,
+        "payment_method": "usdc",
+        "price": dict(PRICE),
+        "created_at": "2026-12-01T10:00:00Z",
+    } | changes
+
+
+def entitlement(status: str, **changes: Any) -> dict[str, Any]:
+    return {
+        "id": "ent_01",
+        "publisher_id": "pub_ai_weekly",
+        "tier_id": "tier_pro",
+        "subscription_id": "csub_01",
+        "agent": dict(AGENT),
+        "status": status,
+        "price": dict(PRICE),
+        "granted_at": "2026-12-01T10:05:00Z",
+        "renews_at": "2027-01-01T10:05:00Z",
+    } | changes

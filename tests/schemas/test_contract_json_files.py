@@ -11,7 +11,7 @@ import pytest
 from usp_schemas import EVENT_TYPES, USP_VERSION, generate
 from usp_schemas.generate import DEFAULT_OUTPUT_DIR, main, render_schemas, stale_files
 
-from .samples import SPEC_EVENT_TYPES
+from .samples import ALL_EVENT_TYPES
 
 REPO_JSON_DIR = Path(__file__).resolve().parents[2] / "schemas" / "json"
 EXPECTED_FILES = {
@@ -23,6 +23,10 @@ EXPECTED_FILES = {
     "message.json",
     "jsonrpc_notification.json",
     "mcp_tool_result.json",
+    "publication.json",
+    "post.json",
+    "content_subscription.json",
+    "entitlement.json",
 }
 
 
@@ -62,7 +66,7 @@ def test_union_maps_every_event_type_to_its_definition() -> None:
 
     mapping = schema["discriminator"]["mapping"]
     assert schema["discriminator"]["propertyName"] == "event"
-    assert set(mapping) == set(SPEC_EVENT_TYPES) == set(EVENT_TYPES)
+    assert set(mapping) == set(ALL_EVENT_TYPES) == set(EVENT_TYPES)
     assert sorted(ref["$ref"] for ref in schema["oneOf"]) == sorted(mapping.values())
     for event_type, ref in mapping.items():
         definition = defs[ref.removeprefix("#/$defs/")]
@@ -105,7 +109,7 @@ def test_notification_schema_has_no_id_and_types_params_as_the_event() -> None:
     assert schema["additionalProperties"] is False
     assert schema["required"] == ["jsonrpc", "method", "params"]
     assert schema["properties"]["method"]["const"] == "usp_webhook"
-    assert set(schema["properties"]["params"]["discriminator"]["mapping"]) == set(SPEC_EVENT_TYPES)
+    assert set(schema["properties"]["params"]["discriminator"]["mapping"]) == set(ALL_EVENT_TYPES)
     assert all(
         ref["$ref"].removeprefix("#/$defs/") in schema["$defs"]
         for ref in schema["properties"]["params"]["oneOf"]
@@ -129,6 +133,10 @@ def test_payload_files_describe_their_model() -> None:
         "message.json": "Message",
         "jsonrpc_notification.json": "WebhookNotification",
         "mcp_tool_result.json": "ToolResult",
+        "publication.json": "Publication",
+        "post.json": "Post",
+        "content_subscription.json": "ContentSubscription",
+        "entitlement.json": "Entitlement",
     }
     assert load("slot.json")["properties"]["duration"]["pattern"].startswith("^P")
 

@@ -23,10 +23,10 @@ from usp_schemas import (
     parse_event,
 )
 
-from .samples import SPEC_EVENT_TYPES, sample
+from .samples import ALL_EVENT_TYPES, sample
 
 
-@pytest.mark.parametrize("event_type", SPEC_EVENT_TYPES)
+@pytest.mark.parametrize("event_type", ALL_EVENT_TYPES)
 def test_notification_carries_the_envelope_and_no_id(event_type: str) -> None:
     event = parse_event(sample(event_type))
 

@@ -155,8 +155,17 @@ def event_matches(event_type: str, patterns: Iterable[str]) -> bool:
 
 
 def subject_id_of(event: WebhookEvent) -> str | None:
-    """The id of the object the event is about (booking, service or waitlist entry)."""
-    for name in ("booking_id", "waitlist_entry_id", "service_id"):
+    """The id of the object the event is about (booking, service, waitlist entry; for content:
+    entitlement, subscription, post, publication)."""
+    for name in (
+        "booking_id",
+        "waitlist_entry_id",
+        "service_id",
+        "entitlement_id",
+        "subscription_id",
+        "post_id",
+        "publisher_id",
+    ):
         value = getattr(event, name, None)
         if isinstance(value, str):
             return value
