@@ -28,14 +28,22 @@ from .problems import install_problem_handlers
 from .request_guard import RefuseNul
 from .routes import admin, discovery, events, feed, scheduling, wellknown
 from .routes import metrics as metrics_routes
+from .routes import ucap as ucap_routes
+from .ucap.seed import ensure_demo_content
+from .ucap.service import UcapService
+from .ucap.settings import UcapSettings
 
 __all__ = ["create_app"]
 
 
-def create_app(settings: Settings | None = None, *, engine: Engine | None = None) -> FastAPI:
-    """The service as an ASGI app. ``settings`` default to the environment (``USP_*``); an
-    ``engine`` passed in is used as is and left open at shutdown (the caller owns it)."""
+def create_app(
+    settings: Settings | None = None, *, engine: Engine | None = None, ucap: UcapSettings | None = None
+) -> FastAPI:
+    """The service as an ASGI app. ``settings`` (and the content server's ``ucap`` settings)
+    default to the environment (``USP_*``); an ``engine`` passed in is used as is and left open
+    at shutdown (the caller owns it)."""
     resolved = settings if settings is not None else Settings()
+    ucap_settings = ucap if ucap is not None else UcapSettings()
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -46,6 +54,9 @@ def create_app(settings: Settings | None = None, *, engine: Engine | None = None
         try:
             await anyio.to_thread.run_sync(_prepare_database, active, resolved)
             app.state.engine = active
+            app.state.ucap = UcapService(
+                active, resolved, ucap_settings, resolver=lambda: getattr(app.state, "target_resolver", None)
+            )
             # Committed events reach the broker at once, not at the scheduler's next pass.
             tasks.install_enqueuer(resolved)
             async with mcp_endpoint.serve(active):  # MCP at /mcp, and its live webhooks
@@ -67,6 +78,7 @@ def create_app(settings: Settings | None = None, *, engine: Engine | None = None
     app.state.settings = resolved
     app.state.target_resolver = None
     install_problem_handlers(app)
+    ucap_routes.install_ucap_errors(app)
     app.add_middleware(RefuseNul, skip=(MCP_PATH,))  # MCP checks its arguments itself
     app.include_router(events.router)
     app.include_router(feed.router)
@@ -76,6 +88,8 @@ def create_app(settings: Settings | None = None, *, engine: Engine | None = None
     app.include_router(scheduling.router)
     app.include_router(metrics_routes.router)
     app.include_router(admin.router)
+    app.include_router(ucap_routes.router)
+    app.include_router(ucap_routes.admin_router)
     mcp_endpoint = mount_mcp(app, resolved)
     return app
 
@@ -89,3 +103,4 @@ def _prepare_database(engine: Engine, settings: Settings) -> None:
         session.commit()
     if settings.seed_demo_catalog:
         ensure_demo_catalog(engine)
+        ensure_demo_content(engine)

@@ -160,11 +160,11 @@ def content_sample(event: str) -> dict[str, Any]:
     elif event == "content.publication.updated":
         body["data"] = publication()
     elif event.startswith("content.subscription."):
-        status = {"created": "pending_payment", "activated": "active", "canceled": "cancelled"}
-        body |= {"subscription_id": "csub_01", "data": subscription(status[event.rsplit(".", 1)[1]])}
+        states = {"created": "pending_payment", "activated": "active", "canceled": "cancelled"}
+        body |= {"subscription_id": "csub_01", "data": subscription(states[event.rsplit(".", 1)[1]])}
     else:
-        status = "active" if event.endswith("granted") else "cancelled"
-        body |= {"entitlement_id": "ent_01", "subscription_id": "csub_01", "data": entitlement(status)}
+        state = "active" if event.endswith("granted") else "cancelled"
+        body |= {"entitlement_id": "ent_01", "subscription_id": "csub_01", "data": entitlement(state)}
     return body
 
 

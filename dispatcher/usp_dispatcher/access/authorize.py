@@ -51,7 +51,7 @@ from .credentials import (
 from .errors import Access, forbidden, invalid_params, unauthenticated
 from .identity import Caller, Identity
 from .policy import AuthorizationPolicy
-from .signatures import DirectoryCache, verify_agent_signature
+from .signatures import DirectoryCache, NonceCheck, verify_agent_signature
 
 __all__ = ["authenticate_http", "authorize", "may_touch_booking", "may_touch_waitlist_entry"]
 
@@ -69,6 +69,7 @@ async def authenticate_http(
     settings: Settings,
     resolver: Resolver | None = None,
     directories: DirectoryCache | None = None,
+    nonces: NonceCheck | None = None,
 ) -> Identity | None:
     """The identity an HTTP request's credential proves; ``None`` when it presents none.
 
@@ -95,7 +96,14 @@ async def authenticate_http(
     signed = "signature" in lowered or "signature-input" in lowered
     if signed and policy.offers("http_message_signatures"):
         agent = await verify_agent_signature(
-            method, url, headers, body, settings=settings, resolver=resolver, directories=directories
+            method,
+            url,
+            headers,
+            body,
+            settings=settings,
+            resolver=resolver,
+            directories=directories,
+            nonces=nonces,
         )
         identity = identity or agent
     return identity

@@ -23,9 +23,10 @@ TransportMechanism = Literal["bearer", "http_message_signatures"]
 class Identity:
     """What a credential proved at the transport layer (HTTP headers, or stdio ``_meta``).
 
-    ``principal`` is ``"key:<name>"`` (API key), ``"agent:<Signature-Agent origin>"`` (RFC 9421)
-    or ``"business"`` (admin token). ``key_thumbprint`` is the RFC 7638 thumbprint of the agent
-    key that signed, the ``cnf.jkt`` a booking credential issued to this caller is bound to.
+    ``principal`` is ``"key:<name>"`` (API key), ``"agent:<key directory>"`` (RFC 9421: the
+    Signature-Agent origin, or its JWKS URL) or ``"business"`` (admin token). ``key_thumbprint`` is
+    the RFC 7638 thumbprint of the agent key that signed, the ``cnf.jkt`` a booking credential
+    issued to this caller is bound to; ``key_directory`` the URL its key was found at.
 
     >>> Identity("key:acme", "bearer").is_business
     False
@@ -34,6 +35,7 @@ class Identity:
     principal: str
     mechanism: str
     key_thumbprint: str | None = None
+    key_directory: str | None = None
 
     @property
     def is_business(self) -> bool:

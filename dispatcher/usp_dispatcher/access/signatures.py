@@ -1,24 +1,31 @@
-"""Agents authenticated by their HTTP message signature (RFC 9421, Web Bot Auth style).
+"""Agents authenticated by their HTTP message signature (RFC 9421, Web Bot Auth / OpenBotAuth).
 
-The agent signs each request with a key published in its *key directory*: the JWKS at
-``<origin>/.well-known/http-message-signatures-directory`` of the origin its ``Signature-Agent``
-field names (``"https://agent.example"``, or the dictionary form ``agent1="https://..."``). The
-identity is that origin (``agent:https://agent.example``) and the thumbprint of the key.
+The agent signs each request with a key published in its *key directory*, which its
+``Signature-Agent`` field names: an origin (``"https://agent.example"``: the directory is its
+``/.well-known/http-message-signatures-directory``) or a JWKS URL with a path, as OpenBotAuth's
+registry serves one per agent (``sig1="https://registry.example/jwks/alice.json"``). The field
+may be an sf-string, a one-member dictionary, or (OpenBotAuth's legacy form) a bare URL. The
+identity is that directory and the thumbprint of the key: ``agent:<origin>`` for an origin,
+``agent:<directory URL>`` for a JWKS URL, so two agents of one registry never share one.
 
 What a signature must satisfy here (the receiver's verifier, with this policy):
 
-* it covers ``@method``, ``@authority``, ``@path``, ``Signature-Agent`` (as Web Bot Auth asks:
-  otherwise a captured request could be replayed under another agent's name, the directory
-  being public) and, when there is a body, ``Content-Digest``, which must match the body;
-* ``created`` no older than 300 s and no more than 60 s ahead, ``expires`` honoured;
+* it covers ``@method``, ``@authority``, ``@path`` and ``Signature-Agent`` (the dictionary member,
+  ``"signature-agent";key="sig1"``, or the whole field): otherwise a captured request could be
+  replayed under another agent's name, the directory being public;
+* a body is protected by ``Content-Digest`` when the request has one (it must then be covered and
+  match); without it, as OpenBotAuth's signer sends, ``Content-Type`` must be covered;
+* ``created`` no older than 300 s and no more than 60 s ahead, ``expires`` honoured, and a
+  ``nonce``, when present and a nonce store is given, seen only once per key within that window;
 * ``tag`` absent or ``web-bot-auth``; algorithms ``ed25519`` or ``ecdsa-p256-sha256``;
 * ``keyid`` names a key of the directory (its RFC 7638 thumbprint, or its ``kid``).
 
 The directory is a URL a stranger chose, so it is fetched the way profiles are: the SSRF check,
 a connection pinned to the checked address, no redirects, 5 s, 64 KiB, ``https`` only (plain
-``http`` in development mode, ``USP_ALLOW_PRIVATE_TARGETS``). It is cached for a minute (and a
-failure for ten seconds, so one agent cannot make us fetch on every request); a ``keyid`` the
-cached copy lacks causes at most one refetch per ten seconds.
+``http`` in development mode, ``USP_ALLOW_PRIVATE_TARGETS``), asking for
+``application/http-message-signatures-directory+json``. It is cached for a minute (and a failure
+for ten seconds, so one agent cannot make us fetch on every request); a ``keyid`` the cached copy
+lacks causes at most one refetch per ten seconds.
 """
 
 from __future__ import annotations
@@ -26,7 +33,7 @@ from __future__ import annotations
 import re
 import time
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final
 
@@ -55,6 +62,7 @@ __all__ = [
     "DIRECTORY_PATH",
     "WEB_BOT_AUTH_TAG",
     "DirectoryCache",
+    "NonceCheck",
     "SignatureAgent",
     "agent_signature_headers",
     "default_directories",
@@ -67,12 +75,16 @@ WEB_BOT_AUTH_TAG: Final = "web-bot-auth"
 #: Covered by every agent signature (plus ``signature-agent``, and ``content-digest`` with a body).
 BASE_COMPONENTS: Final = ("@method", "@authority", "@path")
 FETCH_TIMEOUT_SECONDS: Final = 5.0
+#: How long a nonce is remembered past ``created``: the verifier's 300 s age limit and 60 s skew.
+_NONCE_WINDOW: Final = 360
 MAX_DIRECTORY_BYTES: Final = 64 * 1024
 _ACCEPT: Final = (
     "application/http-message-signatures-directory+json, application/jwk-set+json;q=0.9, "
     "application/json;q=0.8"
 )
-_MAX_ORIGIN: Final = 240  # "agent:" + origin must fit the 256-character principal columns
+_MAX_DIRECTORY: Final = 240  # "agent:" + directory must fit the 256-character principal columns
+#: Remembers a nonce: ``(key thumbprint, nonce, keep until epoch seconds) -> first time seen?``.
+NonceCheck = Callable[[str, str, float], Awaitable[bool]]
 _SF_STRING: Final = re.compile(r'"([\x20\x21\x23-\x5b\x5d-\x7e]*)"')
 _SF_MEMBER: Final = re.compile(r'([a-z*][a-z0-9_\-.*]{0,63})="([\x20\x21\x23-\x5b\x5d-\x7e]*)"')
 
@@ -81,20 +93,31 @@ _SF_MEMBER: Final = re.compile(r'([a-z*][a-z0-9_\-.*]{0,63})="([\x20\x21\x23-\x5
 class SignatureAgent:
     """The agent a ``Signature-Agent`` field names.
 
-    ``component`` is the serialized component id a signature must cover for it:
-    ``"signature-agent"``, or ``"signature-agent";key="<member>"`` for the dictionary form.
+    ``directory_url`` is where its keys are: the origin's well-known directory, or the JWKS URL
+    the field names. ``component`` is the serialized component id a signature must cover for it:
+    ``"signature-agent"``, or ``"signature-agent";key="<member>"`` for the dictionary form (whose
+    whole field, ``"signature-agent"``, covers it too).
     """
 
     origin: str
     directory_url: str
     component: str
 
+    @property
+    def principal(self) -> str:
+        """``agent:<origin>`` for an origin's directory, ``agent:<directory URL>`` otherwise."""
+        if self.directory_url == self.origin + DIRECTORY_PATH:
+            return f"agent:{self.origin}"
+        return f"agent:{self.directory_url}"
+
 
 def parse_signature_agent(value: str, *, allow_http: bool = False) -> SignatureAgent:
     """Read a ``Signature-Agent`` field: an sf-string, a one-member dictionary, or a bare URL.
 
-    >>> parse_signature_agent('"https://Agent.example/bot"').origin
-    'https://agent.example'
+    >>> parse_signature_agent('"https://Agent.example"').directory_url
+    'https://agent.example/.well-known/http-message-signatures-directory'
+    >>> parse_signature_agent('sig1="https://registry.example/jwks/bot.json"').directory_url
+    'https://registry.example/jwks/bot.json'
     >>> parse_signature_agent('a1="https://agent.example:8443"').component
     '"signature-agent";key="a1"'
 
@@ -125,9 +148,11 @@ def parse_signature_agent(value: str, *, allow_http: bool = False) -> SignatureA
     default_port = {"https": 443, "http": 80}[parsed.scheme]
     port = "" if parsed.port in (None, default_port) else f":{parsed.port}"
     origin = f"{parsed.scheme}://{bracketed}{port}"
-    if len(origin) > _MAX_ORIGIN:
-        raise unauthenticated("Signature-Agent names an origin that is too long")
-    return SignatureAgent(origin=origin, directory_url=origin + DIRECTORY_PATH, component=component)
+    path = parsed.raw_path.decode("ascii")
+    directory = origin + (DIRECTORY_PATH if path in ("", "/") else path)
+    if len(directory) > _MAX_DIRECTORY:
+        raise unauthenticated("Signature-Agent names a URL that is too long")
+    return SignatureAgent(origin=origin, directory_url=directory, component=component)
 
 
 async def verify_agent_signature(
@@ -139,12 +164,14 @@ async def verify_agent_signature(
     settings: Settings,
     resolver: Resolver | None = None,
     directories: DirectoryCache | None = None,
+    nonces: NonceCheck | None = None,
     now: float | None = None,
 ) -> Identity:
     """The agent identity a signed request proves; ``AccessError`` (-32001) when it proves none.
 
     ``url`` is the URL the agent sent the request to (what ``@authority``/``@path`` cover: behind
-    a proxy, the public one).
+    a proxy, the public one). ``nonces``, when given, refuses a ``nonce`` the same key used
+    before within the acceptance window (a replay).
     """
     cache = directories if directories is not None else default_directories
     lowered = {name.lower(): value for name, value in headers.items()}
@@ -152,8 +179,9 @@ async def verify_agent_signature(
     if field is None:
         raise unauthenticated("a signed request needs Signature-Agent, naming the agent's key directory")
     agent = parse_signature_agent(field, allow_http=settings.allow_private_targets)
-    components = BASE_COMPONENTS + (("content-digest",) if body else ())
-    policy = VerificationPolicy(required_components=components, tag=WEB_BOT_AUTH_TAG)
+    digested = "content-digest" in lowered
+    components = BASE_COMPONENTS + (("content-digest",) if digested else ("content-type",) if body else ())
+    policy = VerificationPolicy(required_components=components, tag=WEB_BOT_AUTH_TAG, require_digest=digested)
     keys = await cache.keys(agent, settings, resolver=resolver)
     try:
         try:
@@ -165,12 +193,19 @@ async def verify_agent_signature(
             verified = Verifier(refreshed, policy).verify(method, url, headers, body, now=now)
     except VerificationError as exc:
         raise unauthenticated(f"the request signature does not hold ({exc.reason})") from None
-    if agent.component not in verified.components:
+    if agent.component not in verified.components and '"signature-agent"' not in verified.components:
         raise unauthenticated("the request signature does not cover Signature-Agent")
+    thumbprint = jwk_thumbprint(verified.key.jwk)
+    if nonces is not None and verified.nonce is not None:
+        moment = time.time() if now is None else now
+        keep_until = max(verified.expires or 0, (verified.created or int(moment)) + _NONCE_WINDOW)
+        if not await nonces(thumbprint, verified.nonce, float(keep_until)):
+            raise unauthenticated("the request signature's nonce was used before (a replayed request)")
     return Identity(
-        principal=f"agent:{agent.origin}",
+        principal=agent.principal,
         mechanism="http_message_signatures",
-        key_thumbprint=jwk_thumbprint(verified.key.jwk),
+        key_thumbprint=thumbprint,
+        key_directory=agent.directory_url,
     )
 
 

@@ -29,6 +29,7 @@ __all__ = [
     "BookingStatus",
     "DomainTable",
     "IdempotencyRecord",
+    "NonceRow",
     "PrincipalProfileRow",
     "ServiceRow",
     "SlotRow",
@@ -208,3 +209,13 @@ class PrincipalProfileRow(DomainTable, table=True):
     principal: str = Field(primary_key=True, max_length=256)
     profile: str = Field(index=True, max_length=2048)
     created_at: datetime = Field(default_factory=utcnow, sa_type=UtcDateTime)
+
+
+class NonceRow(DomainTable, table=True):
+    """A signature ``nonce`` seen from an agent's key, kept until a signature carrying it could no
+    longer be accepted (``expires_at``): a second request with the same one is a replay."""
+
+    __tablename__ = "access_nonces"
+
+    key: str = Field(primary_key=True, max_length=64, description="hex SHA-256 of thumbprint and nonce")
+    expires_at: datetime = Field(sa_type=UtcDateTime, index=True)

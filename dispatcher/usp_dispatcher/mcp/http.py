@@ -65,6 +65,8 @@ from starlette.types import Message, Receive, Scope, Send
 from usp_workers.settings import Settings
 
 from ..access import AccessError, authenticate_http
+from ..access.nonces import database_nonces
+from ..access.signatures import NonceCheck
 from .event_store import DEFAULT_MAX_AGE, DEFAULT_MAX_EVENTS, SessionEventStore
 from .live import DEFAULT_POLL_INTERVAL, LiveHub
 from .protocol import INTERNAL_ERROR, error_object
@@ -103,7 +105,13 @@ def mount_mcp(
     """
 
     def default_factory(engine: Engine, settings: Settings, hub: LiveHub) -> Server[Any]:
-        return build_server(engine, settings, hub=hub, resolver=getattr(app.state, "target_resolver", None))
+        return build_server(
+            engine,
+            settings,
+            hub=hub,
+            resolver=getattr(app.state, "target_resolver", None),
+            ucap=getattr(app.state, "ucap", None),
+        )
 
     endpoint = MCPEndpoint(
         app,
@@ -144,6 +152,7 @@ class _Running:
     manager: _SessionManager
     hub: LiveHub
     engine: Engine
+    nonces: NonceCheck
 
 
 class MCPEndpoint:
@@ -193,7 +202,7 @@ class MCPEndpoint:
         )
         async with manager.run(), anyio.create_task_group() as task_group:
             task_group.start_soon(partial(hub.run, engine, self._settings, poll_interval=self._poll_interval))
-            self._running = _Running(manager, hub, engine)
+            self._running = _Running(manager, hub, engine, database_nonces(engine))
             try:
                 yield hub
             finally:
@@ -223,6 +232,7 @@ class MCPEndpoint:
                 engine=running.engine,
                 settings=self._settings,
                 resolver=getattr(self._app.state, "target_resolver", None),
+                nonces=running.nonces,
             )
         except AccessError as exc:
             response = _rpc_error(401, exc.code, exc.detail, request_id=_request_id(body), message=exc.reason)

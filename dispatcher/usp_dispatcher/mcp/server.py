@@ -39,10 +39,15 @@ from .. import access
 from ..access import AccessError, Caller, Identity
 from ..access.apikeys import still_authenticates
 from ..request_guard import NUL_REFUSED, contains_nul
+from ..ucap.service import UcapService
+from ..ucap.settings import UcapSettings
+from ..ucap.tools import UCAP_TOOLS_BY_NAME
+from ..ucap.tools import list_entries as ucap_tool_entries
 from .live import LiveHub, LiveSend, notification_sender
 from .protocol import INVALID_PARAMS, METHOD_NOT_FOUND, ProtocolErrors, protocol_error, validation_text
 from .results import envelope
 from .tools import TOOLS, TOOLS_BY_NAME, ToolCall, ToolSpec, UspMeta, read_meta
+from .ucap import call_ucap_tool
 
 __all__ = ["SERVER_NAME", "STDIO_SESSION", "build_server", "list_tools_result"]
 
@@ -57,6 +62,8 @@ _READ_ONLY: Final = frozenset(
 _DESTRUCTIVE: Final = frozenset({"usp_bookings_cancel", "usp_feed_subscriptions_delete"})
 
 _INSTRUCTIONS: Final = (
+    "UCAP content tools (search_catalog, get_catalog_item, read_content, subscribe, "
+    "list_entitlements) act as the agent whose HTTP message signature the request carries. "
     "USP scheduling tools of this business. Put _meta.usp inside arguments: profile (your platform "
     "profile URI, required on privileged tools), idempotency_key (a UUID v4 on every state change), "
     "correlation_id (optional join id), authorization (stdio credentials and booking-scoped "
@@ -66,11 +73,18 @@ _INSTRUCTIONS: Final = (
 
 
 def build_server(
-    engine: Engine, settings: Settings, *, hub: LiveHub | None = None, resolver: Resolver | None = None
+    engine: Engine,
+    settings: Settings,
+    *,
+    hub: LiveHub | None = None,
+    resolver: Resolver | None = None,
+    ucap: UcapService | None = None,
 ) -> Server[Any]:
     """The MCP server over ``engine``'s database. ``hub`` (when given) pushes each platform's
     events to the sessions that speak for it; ``resolver`` is the SSRF check's DNS resolver
-    (``None``: the system's)."""
+    (``None``: the system's); ``ucap`` the content service the UCAP tools call (default: one of
+    this server's own over ``engine``)."""
+    content = ucap if ucap is not None else UcapService(engine, settings, UcapSettings())
 
     async def list_tools(
         ctx: ServerRequestContext[Any, Any], params: types.PaginatedRequestParams | None
@@ -80,6 +94,10 @@ def build_server(
     async def call_tool(
         ctx: ServerRequestContext[Any, Any], params: types.CallToolRequestParams
     ) -> types.CallToolResult:
+        if params.name in UCAP_TOOLS_BY_NAME:
+            if contains_nul(params.arguments or {}):
+                raise protocol_error(INVALID_PARAMS, f"{NUL_REFUSED}.")
+            return await call_ucap_tool(content, params.name, params.arguments or {}, _identity(ctx))
         spec = TOOLS_BY_NAME.get(params.name)
         if spec is None:
             raise protocol_error(METHOD_NOT_FOUND, f"There is no tool {_shown(params.name)}.")
@@ -123,7 +141,11 @@ def build_server(
         on_list_tools=list_tools,
         on_call_tool=call_tool,
         get_tool_input_schema=lambda name: (
-            TOOLS_BY_NAME[name].input_schema if name in TOOLS_BY_NAME else None
+            TOOLS_BY_NAME[name].input_schema
+            if name in TOOLS_BY_NAME
+            else UCAP_TOOLS_BY_NAME[name].input_schema
+            if name in UCAP_TOOLS_BY_NAME
+            else None
         ),
     )
     server.middleware.append(ProtocolErrors())
@@ -131,7 +153,8 @@ def build_server(
 
 
 def list_tools_result() -> types.ListToolsResult:
-    """Every tool, its access class in ``_meta["x-usp-access"]`` (as the binding's OpenAPI names it)."""
+    """Every tool: the USP tools with their access class in ``_meta["x-usp-access"]`` (as the
+    binding's OpenAPI names it), then the five UCAP tools exactly as their seed defines them."""
     return types.ListToolsResult(
         tools=[
             types.Tool(
@@ -147,6 +170,7 @@ def list_tools_result() -> types.ListToolsResult:
             )
             for tool in TOOLS
         ]
+        + ucap_tool_entries()
     )
 
 

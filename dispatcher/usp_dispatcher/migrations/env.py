@@ -12,6 +12,7 @@ from typing import Any
 from alembic import context
 
 from usp_dispatcher.domain.tables import DOMAIN_METADATA
+from usp_dispatcher.ucap import tables as _content_tables  # noqa: F401  (registers the ucap_* tables)
 
 VERSION_TABLE = "alembic_version_dispatcher"
 

@@ -1,0 +1,189 @@
+"""The ``/v1`` operations as one object the HTTP routes and the remote MCP tools both call: the
+HTTP API is the source of truth, and a tool is the same operation reached another way (the seed:
+"MCP tools SHOULD wrap the HTTP API"). Authentication differs only in where the signature is
+(the ``/v1`` request's, or the MCP request's), and both go through the same verifier and nonce
+store; rate limits, entitlements and every refusal are here, once.
+
+Database work runs off the event loop; each operation takes a fresh session.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from functools import partial
+from typing import Any, TypeVar
+
+import anyio.to_thread
+from sqlalchemy.engine import Engine
+from sqlmodel import Session
+
+from usp_workers import db
+from usp_workers.models import utcnow
+from usp_workers.settings import Settings
+from usp_workers.ssrf import Resolver
+
+from ..access.nonces import database_nonces
+from .agents import Agent, RateLimiter, authenticate_agent
+from .answers import Answer, UcapError
+from .catalog import LookupIn, SearchIn, find_post, lookup, parsed, post_by_url, read_content, search_catalog
+from .payments import (
+    PaymentRefused,
+    SandboxFacilitator,
+    decode_payment_header,
+    facilitator_for,
+)
+from .settings import UcapSettings
+from .subscriptions import (
+    Fulfilment,
+    OfferLinks,
+    SubscribeIn,
+    cancel_entitlement,
+    checkout_of,
+    fulfil,
+    list_entitlements,
+    subscribe,
+)
+
+__all__ = ["UcapService"]
+
+_T = TypeVar("_T")
+
+
+class UcapService:
+    """Everything ``/v1`` does, for one database."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        settings: Settings,
+        ucap: UcapSettings,
+        *,
+        resolver: Callable[[], Resolver | None] = lambda: None,
+    ) -> None:
+        self.engine = engine
+        self.settings = settings
+        self.ucap = ucap
+        self.base_url = settings.public_base_url.rstrip("/")
+        admin = settings.admin_token.get_secret_value() if settings.admin_token is not None else None
+        self.offers = OfferLinks.for_settings(ucap, admin, self.base_url)
+        self.sandbox_facilitator = SandboxFacilitator()
+        self.limiter = RateLimiter(ucap.rate_limit_per_minute)
+        self.nonces = database_nonces(engine)
+        self._resolver = resolver
+
+    # -------------------------------------------------------------------------------- who
+
+    async def authenticate(self, method: str, url: str, headers: Mapping[str, str], body: bytes) -> Agent:
+        """The agent a ``/v1`` request's signature proves (403 otherwise), counted against its
+        rate limit (429)."""
+        agent = await authenticate_agent(
+            method, url, headers, body, settings=self.settings, nonces=self.nonces, resolver=self._resolver()
+        )
+        self.limiter.check(agent)
+        return agent
+
+    # -------------------------------------------------------------------------------- operations
+
+    async def search(self, agent: Agent, arguments: Any) -> Answer:
+        args: SearchIn = parsed(SearchIn, arguments)
+        return await self._db(lambda s: search_catalog(s, args, base_url=self.base_url))
+
+    async def lookup(self, agent: Agent, arguments: Any) -> Answer:
+        args: LookupIn = parsed(LookupIn, arguments)
+        return await self._db(lambda s: lookup(s, args.id, base_url=self.base_url))
+
+    async def read(self, agent: Agent, publisher_id: str, post_id: str) -> Answer:
+        def work(session: Session) -> Answer:
+            publication, post = find_post(session, publisher_id, post_id)
+            return read_content(
+                session, agent, publication, post, base_url=self.base_url, offer_link=self.offers.link
+            )
+
+        return await self._db(work)
+
+    async def read_url(self, agent: Agent, url: str) -> Answer:
+        def work(session: Session) -> Answer:
+            publication, post = post_by_url(session, url)
+            return read_content(
+                session, agent, publication, post, base_url=self.base_url, offer_link=self.offers.link
+            )
+
+        return await self._db(work)
+
+    async def subscribe(self, agent: Agent, arguments: Any) -> Answer:
+        args: SubscribeIn = parsed(SubscribeIn, arguments)
+        return await self._db(lambda s: subscribe(s, agent, args, settings=self.ucap, base_url=self.base_url))
+
+    async def entitlements(self, agent: Agent) -> Answer:
+        return await self._db(lambda s: list_entitlements(s, agent))
+
+    async def cancel(self, agent: Agent, entitlement_id: str) -> Answer:
+        return await self._db(lambda s: cancel_entitlement(s, agent, entitlement_id))
+
+    async def pay(self, checkout_id: str, payment_header: str | None) -> Answer:
+        """Pay a USDC checkout with an x402 ``X-PAYMENT``: the facilitator verifies and settles it,
+        and only then is it fulfilled. Without a payment: 402 with the requirements."""
+        import json
+
+        checkout = await self._db(lambda s: checkout_of(s, checkout_id))
+        if checkout.provider != "usdc" or not checkout.requirements:
+            raise UcapError(409, "not_a_usdc_checkout", "This checkout session is not paid with USDC.")
+        requirements: dict[str, Any] = json.loads(checkout.requirements)[0]
+        if checkout.status == "expired" or (checkout.status == "open" and checkout.expires_at <= utcnow()):
+            raise UcapError(409, "checkout_expired", "The checkout session expired; subscribe again.")
+        if payment_header is None:
+            return Answer(
+                {"x402Version": 1, "error": "X-PAYMENT header is required", "accepts": [requirements]},
+                status=402,
+            )
+        facilitator = facilitator_for(self.ucap, self.sandbox_facilitator)
+        try:
+            payload = decode_payment_header(payment_header)
+            verdict = await facilitator.verify(payload, requirements)
+            if not verdict.get("isValid"):
+                raise PaymentRefused(
+                    str(verdict.get("invalidReason") or "invalid_payment"), "verification failed"
+                )
+            settled = await facilitator.settle(payload, requirements)
+            if not settled.get("success"):
+                raise PaymentRefused(
+                    str(settled.get("errorReason") or "unexpected_settle_error"), "settlement failed"
+                )
+        except PaymentRefused as exc:
+            return Answer(
+                {
+                    "x402Version": 1,
+                    "error": exc.reason,
+                    "accepts": [requirements],
+                    "message": f"The payment was refused: {exc.reason}.",
+                },
+                status=402,
+            )
+        nonce = str(payload["payload"]["authorization"]["nonce"]).lower()
+        done: Fulfilment = await self._db(lambda s: fulfil(s, checkout_id, payment_nonce=nonce))
+        import base64
+
+        receipt = base64.b64encode(json.dumps(settled, separators=(",", ":")).encode()).decode()
+        return Answer(
+            {
+                "status": "active",
+                "subscription_id": done.subscription_id,
+                "entitlement_id": done.entitlement_id,
+                "transaction": settled.get("transaction"),
+                "message": "Paid: the subscription is active." if done.granted else "Already paid.",
+            },
+            headers={"X-PAYMENT-RESPONSE": receipt},
+        )
+
+    async def confirm(self, checkout_id: str) -> Fulfilment:
+        """Complete a checkout session as its provider's webhook would (sandbox pages, the operator's
+        ``payments confirm``)."""
+        return await self._db(lambda s: fulfil(s, checkout_id))
+
+    async def _db(self, work: Callable[[Session], _T]) -> _T:
+        return await anyio.to_thread.run_sync(partial(_in_session, self.engine, work))
+
+
+def _in_session(engine: Engine, work: Callable[[Session], _T]) -> _T:
+    with db.session(engine) as session:
+        return work(session)

@@ -1,0 +1,55 @@
+"""The content server's own settings (``USP_*`` environment, like the engine's), kept apart from
+:class:`usp_workers.settings.Settings` because the delivery engine has no business knowing about
+payment providers."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, SecretStr
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+__all__ = ["UcapSettings"]
+
+
+class UcapSettings(BaseSettings):
+    """Payments, checkout and the publisher's identity in discovery.
+
+    Stripe is used for ``payment_method: "stripe"`` when both of its secrets are set; otherwise
+    the sandbox checkout page stands in for it. USDC goes through the x402 facilitator at
+    ``x402_facilitator_url``; unset, the built-in sandbox facilitator answers.
+    """
+
+    model_config = SettingsConfigDict(env_prefix="USP_", env_file=".env", extra="ignore")
+
+    publisher_id: str = Field(default="usp-webhooks-demo", description="this server's UCAP publisher id")
+    publisher_name: str = Field(default="usp-webhooks demo publisher")
+    stripe_api_key: SecretStr | None = Field(default=None, description="sk_… (enables Stripe Checkout)")
+    stripe_webhook_secret: SecretStr | None = Field(default=None, description="whsec_… for Stripe-Signature")
+    stripe_api_base: str | None = Field(default=None, description="another Stripe API host (tests)")
+    x402_facilitator_url: str | None = Field(default=None, description="an x402 facilitator's base URL")
+    x402_network: str = Field(default="base-sepolia")
+    x402_asset: str = Field(
+        default="0x036CbD53842c5426634e7929541eC2318f3dCF7e", description="USDC's contract on the network"
+    )
+    x402_pay_to: str = Field(
+        default="0x209693Bc6afc0C5328bA36FaF03C514EF312287C", description="the business's receiving address"
+    )
+    checkout_ttl_seconds: int = Field(
+        default=3600, ge=60, description="how long a checkout session stays open"
+    )
+    checkout_secret: SecretStr | None = Field(
+        default=None, description="signs offers' checkout links (default: derived from the admin token)"
+    )
+    max_body_bytes: int = Field(default=64 * 1024, ge=1024, description="largest /v1 request body")
+    rate_limit_per_minute: int = Field(default=600, ge=1, description="/v1 requests per agent and minute")
+
+    @property
+    def stripe_enabled(self) -> bool:
+        return self.stripe_api_key is not None and self.stripe_webhook_secret is not None
+
+    def provider_for(self, method: Literal["stripe", "usdc"]) -> Literal["sandbox", "stripe", "usdc"]:
+        """Which provider takes a payment method here."""
+        if method == "usdc":
+            return "usdc"
+        return "stripe" if self.stripe_enabled else "sandbox"
