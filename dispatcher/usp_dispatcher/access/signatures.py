@@ -30,7 +30,9 @@ lacks causes at most one refetch per ten seconds.
 
 from __future__ import annotations
 
+import base64
 import re
+import secrets
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -47,7 +49,9 @@ from usp_receiver import (
     VerificationError,
     VerificationPolicy,
     Verifier,
+    content_digest,
     jwk_thumbprint,
+    sign_message,
     sign_request,
 )
 from usp_workers.settings import Settings
@@ -68,6 +72,7 @@ __all__ = [
     "default_directories",
     "parse_signature_agent",
     "verify_agent_signature",
+    "web_bot_auth_headers",
 ]
 
 DIRECTORY_PATH: Final = "/.well-known/http-message-signatures-directory"
@@ -245,6 +250,55 @@ def agent_signature_headers(
     if not body:
         signed.pop("Content-Digest")
     return {"Signature-Agent": agent_field, **signed}
+
+
+def web_bot_auth_headers(
+    method: str,
+    url: str,
+    body: bytes,
+    key: SigningKey,
+    *,
+    signature_agent: str,
+    content_type: str = "application/json",
+    digest: bool = False,
+    created: int | None = None,
+    ttl: int = 300,
+) -> dict[str, str]:
+    """Sign a request as OpenBotAuth's signer does (for agents, our agent-side MCP server and
+    tests): ``Signature-Agent: sig1="<directory or JWKS URL>"``, covering ``@method``, ``@path``,
+    ``@authority`` and ``"signature-agent";key="sig1"`` (plus ``content-type`` with a body, and
+    ``content-digest`` when ``digest``), with ``created``, ``expires``, a fresh ``nonce``,
+    ``keyid`` (the key's thumbprint), ``alg`` and ``tag="web-bot-auth"``.
+
+    >>> key = SigningKey.generate()
+    >>> fields = web_bot_auth_headers("GET", "https://pub.example/v1/entitlements", b"", key,
+    ...                               signature_agent="https://registry.example/jwks/bot.json")
+    >>> fields["Signature-Agent"]
+    'sig1="https://registry.example/jwks/bot.json"'
+    """
+    agent_field = f'sig1="{signature_agent}"'
+    headers: dict[str, str] = {"Signature-Agent": agent_field}
+    components = ["@method", "@path", "@authority", '"signature-agent";key="sig1"']
+    if body:
+        headers["Content-Type"] = content_type
+        components.append("content-type")
+    if digest:
+        headers["Content-Digest"] = content_digest(body)
+        components.append("content-digest")
+    moment = int(time.time()) if created is None else created
+    member = sign_message(
+        method,
+        url,
+        headers,
+        key,
+        label="sig1",
+        components=components,
+        created=moment,
+        expires=moment + ttl,
+        nonce=base64.urlsafe_b64encode(secrets.token_bytes(32)).decode().rstrip("="),
+        tag=WEB_BOT_AUTH_TAG,
+    )
+    return headers | {"Signature-Input": member.signature_input, "Signature": member.signature}
 
 
 class _DirectoryKeys:

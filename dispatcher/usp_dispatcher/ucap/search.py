@@ -108,27 +108,27 @@ def search(session: Session, query: SearchQuery) -> Page:
     words = tuple(dict.fromkeys(w.lower() for w in _WORD.findall(query.text or "")))[:_MAX_WORDS]
     postgres = _postgres(session)
     params: dict[str, Any] = {"limit": query.limit, "offset": query.offset}
-    where: list[str] = []
-    if words:
-        if postgres:
-            params["q"] = " | ".join(words)
-            where.append("s.document @@ to_tsquery('english', :q)")
-            score = "ts_rank_cd(s.document, to_tsquery('english', :q), 32)"
-        else:
-            params["q"] = " OR ".join(f'"{w}"' for w in words)
-            where.append("ucap_search MATCH :q")
-            score = "bm25(ucap_search, 10.0, 4.0, 1.0)"
+    # The full-text part first, on its own (FTS5 allows bm25() only in the MATCH query itself),
+    # then the filters and the page over its hits.
+    if not words:
+        matching = "SELECT doc_id, kind, publication_id, NULL AS score FROM ucap_search"
+    elif postgres:
+        params["q"] = " | ".join(words)
+        matching = (
+            "SELECT doc_id, kind, publication_id, ts_rank_cd(document, to_tsquery('english', :q), 32) "
+            "AS score FROM ucap_search WHERE document @@ to_tsquery('english', :q)"
+        )
     else:
-        score = "NULL"
-    where.extend(_filters(query, params))
-    order = (
-        ("score DESC" if postgres else "score ASC") + ", s.doc_id"
-        if words
-        else "COALESCE(p.published_at, pub.updated_at) DESC, s.doc_id"
-    )
+        params["q"] = " OR ".join(f'"{w}"' for w in words)
+        matching = (
+            "SELECT doc_id, kind, publication_id, -bm25(ucap_search, 10.0, 4.0, 1.0) AS score "
+            "FROM ucap_search WHERE ucap_search MATCH :q"
+        )
+    where = _filters(query, params)
+    order = "s.score DESC, s.doc_id" if words else "COALESCE(p.published_at, pub.updated_at) DESC, s.doc_id"
     statement = sa.text(
-        f"SELECT s.doc_id, s.kind, s.publication_id, {score} AS score, count(*) OVER () AS total "  # noqa: S608
-        "FROM ucap_search s LEFT JOIN ucap_posts p ON p.id = s.doc_id "
+        f"WITH s AS ({matching}) SELECT s.doc_id, s.kind, s.publication_id, s.score, "  # noqa: S608
+        "count(*) OVER () AS total FROM s LEFT JOIN ucap_posts p ON p.id = s.doc_id "
         "JOIN ucap_publications pub ON pub.id = s.publication_id "
         f"WHERE {' AND '.join(where) or '1 = 1'} ORDER BY {order} LIMIT :limit OFFSET :offset"
     )
@@ -136,7 +136,7 @@ def search(session: Session, query: SearchQuery) -> Page:
         statement = statement.bindparams(sa.bindparam("categories", expanding=True))
     rows = session.execute(statement, params).all()
     hits = [Hit(row.kind, row.doc_id, row.publication_id, _relevance(row.score, postgres)) for row in rows]
-    total = int(rows[0].total) if rows else _count(session, where, params, query)
+    total = int(rows[0].total) if rows else _count(session, matching, where, params, query)
     return Page(hits, total, words)
 
 
@@ -168,13 +168,15 @@ def _filters(query: SearchQuery, params: dict[str, Any]) -> list[str]:
     return where
 
 
-def _count(session: Session, where: Sequence[str], params: dict[str, Any], query: SearchQuery) -> int:
+def _count(
+    session: Session, matching: str, where: Sequence[str], params: dict[str, Any], query: SearchQuery
+) -> int:
     """The total when the page came back empty (an offset past the end): count without it."""
     if query.offset == 0:
         return 0
     condition = " AND ".join(where) or "1 = 1"
     statement = sa.text(
-        "SELECT count(*) FROM ucap_search s LEFT JOIN ucap_posts p ON p.id = s.doc_id "  # noqa: S608
+        f"WITH s AS ({matching}) SELECT count(*) FROM s LEFT JOIN ucap_posts p ON p.id = s.doc_id "  # noqa: S608
         "JOIN ucap_publications pub ON pub.id = s.publication_id WHERE " + condition
     )
     if query.categories:
@@ -183,13 +185,13 @@ def _count(session: Session, where: Sequence[str], params: dict[str, Any], query
 
 
 def _relevance(raw: float | None, postgres: bool) -> float | None:
-    """A score in 0..1: ``ts_rank_cd`` normalised with 32 already is; ``bm25`` is negative, better
-    when lower, and unbounded."""
+    """A score in 0..1: ``ts_rank_cd`` normalised with 32 already is; FTS5's ``bm25`` (negated
+    here, so higher is better on both) is unbounded."""
     if raw is None:
         return None
     if postgres:
         return round(float(raw), 4)
-    magnitude = -float(raw)
+    magnitude = float(raw)
     return round(magnitude / (1.0 + magnitude), 4) if magnitude > 0 else 0.0
 
 

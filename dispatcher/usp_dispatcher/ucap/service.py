@@ -9,6 +9,8 @@ Database work runs off the event loop; each operation takes a fresh session.
 
 from __future__ import annotations
 
+import base64
+import json
 from collections.abc import Callable, Mapping
 from functools import partial
 from typing import Any, TypeVar
@@ -122,9 +124,8 @@ class UcapService:
 
     async def pay(self, checkout_id: str, payment_header: str | None) -> Answer:
         """Pay a USDC checkout with an x402 ``X-PAYMENT``: the facilitator verifies and settles it,
-        and only then is it fulfilled. Without a payment: 402 with the requirements."""
-        import json
-
+        and only then is it fulfilled. Without a payment: 402 with the requirements. The same
+        payment sent again (a retry after a lost answer) is answered as paid, not charged twice."""
         checkout = await self._db(lambda s: checkout_of(s, checkout_id))
         if checkout.provider != "usdc" or not checkout.requirements:
             raise UcapError(409, "not_a_usdc_checkout", "This checkout session is not paid with USDC.")
@@ -139,16 +140,20 @@ class UcapService:
         facilitator = facilitator_for(self.ucap, self.sandbox_facilitator)
         try:
             payload = decode_payment_header(payment_header)
-            verdict = await facilitator.verify(payload, requirements)
-            if not verdict.get("isValid"):
-                raise PaymentRefused(
-                    str(verdict.get("invalidReason") or "invalid_payment"), "verification failed"
-                )
-            settled = await facilitator.settle(payload, requirements)
-            if not settled.get("success"):
-                raise PaymentRefused(
-                    str(settled.get("errorReason") or "unexpected_settle_error"), "settlement failed"
-                )
+            nonce = _authorization_nonce(payload)
+            if checkout.status == "complete":
+                if checkout.payment_nonce != nonce:
+                    raise UcapError(409, "checkout_complete", "This checkout session was paid already.")
+                settled: dict[str, Any] = {"success": True, "transaction": None}
+            else:
+                verdict = await facilitator.verify(payload, requirements)
+                if not verdict.get("isValid"):
+                    raise PaymentRefused(str(verdict.get("invalidReason") or "invalid_payment"), "not valid")
+                settled = await facilitator.settle(payload, requirements)
+                if not settled.get("success"):
+                    raise PaymentRefused(
+                        str(settled.get("errorReason") or "unexpected_settle_error"), "not settled"
+                    )
         except PaymentRefused as exc:
             return Answer(
                 {
@@ -159,10 +164,7 @@ class UcapService:
                 },
                 status=402,
             )
-        nonce = str(payload["payload"]["authorization"]["nonce"]).lower()
         done: Fulfilment = await self._db(lambda s: fulfil(s, checkout_id, payment_nonce=nonce))
-        import base64
-
         receipt = base64.b64encode(json.dumps(settled, separators=(",", ":")).encode()).decode()
         return Answer(
             {
@@ -187,3 +189,12 @@ class UcapService:
 def _in_session(engine: Engine, work: Callable[[Session], _T]) -> _T:
     with db.session(engine) as session:
         return work(session)
+
+
+def _authorization_nonce(payload: Mapping[str, Any]) -> str:
+    inner = payload.get("payload")
+    authorization = inner.get("authorization") if isinstance(inner, dict) else None
+    nonce = authorization.get("nonce") if isinstance(authorization, dict) else None
+    if not isinstance(nonce, str) or not nonce:
+        raise PaymentRefused("invalid_payload", "the payment has no authorization nonce")
+    return nonce.lower()
