@@ -31,6 +31,7 @@ from usp_workers.settings import Settings
 from . import database
 from .cli_admin import DEFAULT_URL, AdminClient, Token, Url
 from .cli_admin import register as register_operator_commands
+from .cli_content import register as register_content_commands
 
 __all__ = ["app", "keys_app", "load_settings", "main", "open_engine"]
 
@@ -225,6 +226,7 @@ def _when(moment: str | None) -> str:
 
 # events, replay, recover, dead-letter, subscriptions, trigger, listen: clients of the admin API
 register_operator_commands(app)
+register_content_commands(app)
 
 # api-keys create/list/revoke: platforms' bearer keys (imported last: it uses this module's helpers)
 from .cli_access import api_keys_app  # noqa: E402

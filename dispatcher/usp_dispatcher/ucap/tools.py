@@ -1,7 +1,7 @@
 """The five UCAP MCP tools exactly as the seed defines them (name, description, ``inputSchema``),
 and how a ``/v1`` answer becomes a tool result. Both MCP servers use these: the remote one at
 ``/mcp`` (:mod:`usp_dispatcher.mcp.ucap`) and the agent-side stdio one
-(:mod:`usp_dispatcher.ucap.agent_mcp`).
+(:mod:`usp_dispatcher.mcp.ucap_agent`).
 
 Descriptions keep the seed's YAML exactly, folded lines' trailing newline included.
 """

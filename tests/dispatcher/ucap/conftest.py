@@ -10,7 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import httpx
+import httpx2
 import pytest
 from fastapi.testclient import TestClient
 from starlette.applications import Starlette
@@ -85,13 +85,13 @@ def api(make_client: MakeClient) -> TestClient:
 
 
 def signed(
-    client: TestClient | httpx.Client,
+    client: TestClient,
     agent: Agent,
     method: str,
     path: str,
     json_body: Any = None,
     headers: dict[str, str] | None = None,
-) -> httpx.Response:
+) -> httpx2.Response:
     """One ``/v1`` call, signed by ``agent`` as OpenBotAuth's signer signs."""
     import json
 
