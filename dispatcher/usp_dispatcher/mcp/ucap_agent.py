@@ -50,7 +50,7 @@ def load_agent_key(path: Path) -> SigningKey:
     )
     public = private.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
     return SigningKey.from_jwk(
-        {"kty": "OKP", "crv": "Ed25519", "x": b64url_encode(public), "d": b64url_encode(raw)}
+        {"kty": "OKP", "crv": "Ed25519", "x": _b64url(public), "d": _b64url(raw)}
     )
 
 
