@@ -8,6 +8,7 @@ public-key operation. Of several signatures (key rotation sends ``sig1`` with th
 
 from __future__ import annotations
 
+import re
 import time
 from dataclasses import dataclass, field
 
@@ -25,7 +26,7 @@ from ._errors import (
     VerificationError,
 )
 from ._keys import DEFAULT_ALGORITHMS, KeyResolver, PublicKey
-from ._library import library_verify
+from ._library import library_signature_base, library_verify
 from ._message import HeadersInput, HttpRequest
 from ._sigbase import (
     KNOWN_PARAMETERS,
@@ -65,6 +66,11 @@ class VerificationPolicy:
     require_tag: bool = False
     algorithms: frozenset[str] = DEFAULT_ALGORITHMS
     require_digest: bool = True
+    #: Also accept OpenBotAuth's signature base for a dictionary-member component: it writes
+    #: ``"signature-agent": sig1="<url>"`` where RFC 9421 §2.1.2 has
+    #: ``"signature-agent";key="sig1": "<url>"`` (its signer and verifier agree, so its agents'
+    #: signatures verify only this way). Off by default: only Web Bot Auth verifiers need it.
+    member_compat: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -234,11 +240,16 @@ class Verifier:
         if alg != key.alg or key.alg not in self.policy.algorithms:
             raise BadSignature(f"algorithm {alg!r} is not allowed for key {key.kid!r}")
         base = None if status is not None else fast_signature_base(entry, request, url)
-        if base is not None:
-            if not key.verify(entry.signature, base):
-                raise BadSignature(f"signature {entry.label!r} does not verify")
-        else:
-            library_verify(request, entry, key, status=status)
+        try:
+            if base is not None:
+                if not key.verify(entry.signature, base):
+                    raise BadSignature(f"signature {entry.label!r} does not verify")
+            else:
+                library_verify(request, entry, key, status=status)
+        except BadSignature:
+            compat = self._member_compat_base(request, entry, base, status)
+            if compat is None or not key.verify(entry.signature, compat):
+                raise
         return Verified(
             label=entry.label,
             key=key,
@@ -248,6 +259,30 @@ class Verifier:
             nonce=params.get("nonce"),
             components=entry.components,
         )
+
+    def _member_compat_base(
+        self, request: HttpRequest, entry: SignatureEntry, base: bytes | None, status: int | None
+    ) -> bytes | None:
+        """The OpenBotAuth form of the base (see ``VerificationPolicy.member_compat``), when the
+        policy allows it and the signature covers a ``;key`` dictionary member; else None."""
+        if not self.policy.member_compat or status is not None:
+            return None
+        members = [c for c in entry.components if _MEMBER.fullmatch(c)]
+        if not members:
+            return None
+        standard = base if base is not None else library_signature_base(request, entry)
+        lines = standard.decode("ascii").split("\n")
+        for index, line in enumerate(lines):
+            for component in members:
+                if line.startswith(component + ": "):
+                    match = _MEMBER.fullmatch(component)
+                    assert match is not None
+                    lines[index] = f'"{match.group(1)}": {match.group(2)}={line[len(component) + 2 :]}'
+        return "\n".join(lines).encode("ascii")
+
+
+#: A dictionary-member component id: ``"name";key="member"``.
+_MEMBER = re.compile(r'"([a-z0-9_\-.]+)";key="([a-z*][a-z0-9_\-.*]*)"')
 
 
 def _most_telling(errors: list[VerificationError]) -> VerificationError:

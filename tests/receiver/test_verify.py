@@ -365,3 +365,73 @@ async def test_averify_matches_verify() -> None:
     with pytest.raises(ReceiverError) as info:
         await verifier.averify("PUT", msg.url, msg.headers, msg.body, now=NOW)
     assert info.value.reason == "bad_signature"
+
+
+# ------------------------------------------------------------------ OpenBotAuth's member lines
+
+
+def _openbotauth_signed(key: SigningKey) -> dict[str, str]:
+    """A request signed over OpenBotAuth's base: its ``;key`` member line is written
+    ``"signature-agent": sig1="<url>"`` (not RFC 9421's ``"signature-agent";key="sig1": "<url>"``)."""
+    import base64
+
+    agent = "https://registry.example/jwks/bot.json"
+    params = (
+        f'("@method" "@path" "@authority" "signature-agent";key="sig1");created={NOW};expires={NOW + 300};'
+        f'nonce="n1";keyid="{KEY.kid}";alg="ed25519";tag="web-bot-auth"'
+    )
+    base = "\n".join(
+        [
+            '"@method": GET',
+            '"@path": /webhooks/usp',
+            '"@authority": platform.example',
+            f'"signature-agent": sig1="{agent}"',
+            f'"@signature-params": {params}',
+        ]
+    )
+    signature = base64.b64encode(key.sign(base.encode())).decode()
+    return {
+        "Signature-Agent": f'sig1="{agent}"',
+        "Signature-Input": f"sig1={params}",
+        "Signature": f"sig1=:{signature}:",
+    }
+
+
+@pytest.mark.parametrize("compat", [False, True])
+def test_openbotauth_member_lines_verify_only_with_member_compat(compat: bool) -> None:
+    policy = VerificationPolicy(
+        required_components=("@method",), tag="web-bot-auth", require_digest=False, member_compat=compat
+    )
+    verifier = Verifier(JWKS([KEY.public]), policy)
+    headers = _openbotauth_signed(KEY)
+    if compat:
+        assert verifier.verify("GET", URL, headers, b"", now=NOW).nonce == "n1"
+    else:
+        with pytest.raises(ReceiverError) as caught:
+            verifier.verify("GET", URL, headers, b"", now=NOW)
+        assert caught.value.reason == "bad_signature"
+    forged = _openbotauth_signed(OTHER)
+    with pytest.raises(ReceiverError) as caught:
+        verifier.verify("GET", URL, forged, b"", now=NOW)
+    assert caught.value.reason == "bad_signature"
+
+
+def test_member_compat_still_verifies_the_rfc_form() -> None:
+    agent = 'sig1="https://registry.example/jwks/bot.json"'
+    member = sign_message(
+        "GET",
+        URL,
+        {"Signature-Agent": agent},
+        KEY,
+        label="sig1",
+        components=("@method", "@path", "@authority", '"signature-agent";key="sig1"'),
+        created=NOW,
+        tag="web-bot-auth",
+    )
+    headers = {
+        "Signature-Agent": agent,
+        "Signature-Input": member.signature_input,
+        "Signature": member.signature,
+    }
+    policy = VerificationPolicy(required_components=("@method",), tag="web-bot-auth", member_compat=True)
+    assert Verifier(JWKS([KEY.public]), policy).verify("GET", URL, headers, b"", now=NOW).label == "sig1"

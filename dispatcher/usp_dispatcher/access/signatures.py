@@ -20,6 +20,10 @@ What a signature must satisfy here (the receiver's verifier, with this policy):
 * ``tag`` absent or ``web-bot-auth``; algorithms ``ed25519`` or ``ecdsa-p256-sha256``;
 * ``keyid`` names a key of the directory (its RFC 7638 thumbprint, or its ``kid``).
 
+OpenBotAuth's signer (and verifier) write a dictionary member's line of the signature base as
+``"signature-agent": sig1="<url>"`` rather than RFC 9421's ``"signature-agent";key="sig1":
+"<url>"``; both are accepted (``VerificationPolicy.member_compat``), so its agents verify here.
+
 The directory is a URL a stranger chose, so it is fetched the way profiles are: the SSRF check,
 a connection pinned to the checked address, no redirects, 5 s, 64 KiB, ``https`` only (plain
 ``http`` in development mode, ``USP_ALLOW_PRIVATE_TARGETS``), asking for
@@ -186,7 +190,9 @@ async def verify_agent_signature(
     agent = parse_signature_agent(field, allow_http=settings.allow_private_targets)
     digested = "content-digest" in lowered
     components = BASE_COMPONENTS + (("content-digest",) if digested else ("content-type",) if body else ())
-    policy = VerificationPolicy(required_components=components, tag=WEB_BOT_AUTH_TAG, require_digest=digested)
+    policy = VerificationPolicy(
+        required_components=components, tag=WEB_BOT_AUTH_TAG, require_digest=digested, member_compat=True
+    )
     keys = await cache.keys(agent, settings, resolver=resolver)
     try:
         try:
