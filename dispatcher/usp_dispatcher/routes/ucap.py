@@ -72,8 +72,18 @@ async def _agent(request: Request) -> tuple[UcapService, Agent, bytes]:
         raise UcapError(
             413, "payload_too_large", f"The body is larger than {service.ucap.max_body_bytes} bytes."
         )
-    agent = await service.authenticate(request.method, str(request.url), request.headers, body)
+    agent = await service.authenticate(request.method, _target(request), request.headers, body)
     return service, agent, body
+
+
+def _target(request: Request) -> str:
+    """The URL as the agent sent it: ``@path`` covers the path as sent, percent-encoding and all
+    (Starlette's ``request.url`` has it decoded)."""
+    raw = request.scope.get("raw_path")
+    if not raw:
+        return str(request.url)
+    query = request.url.query
+    return f"{request.url.scheme}://{request.url.netloc}{raw.decode('latin-1')}" + (f"?{query}" if query else "")
 
 
 def _json(body: bytes) -> Any:
