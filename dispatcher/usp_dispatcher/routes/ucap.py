@@ -82,8 +82,8 @@ def _target(request: Request) -> str:
     raw = request.scope.get("raw_path")
     if not raw:
         return str(request.url)
-    query = request.url.query
-    return f"{request.url.scheme}://{request.url.netloc}{raw.decode('latin-1')}" + (f"?{query}" if query else "")
+    query = f"?{request.url.query}" if request.url.query else ""
+    return f"{request.url.scheme}://{request.url.netloc}{raw.decode('latin-1')}{query}"
 
 
 def _json(body: bytes) -> Any:
