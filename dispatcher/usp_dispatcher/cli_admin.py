@@ -35,6 +35,8 @@ from usp_receiver.asgi import WebhookApp
 from usp_receiver.dedupe import MemoryDedupe
 from usp_schemas import BOOKING_CONFIRMED_EXAMPLE, EVENT_TYPES, new_event_id, parse_event
 
+from .ucap.samples import content_sample
+
 __all__ = ["AdminClient", "register", "sample_event"]
 
 #: Everything printed comes from the API or an endpoint: plain text, never Rich markup (a
@@ -465,8 +467,9 @@ def trigger(
 
 
 def sample_event(event_type: str) -> str:
-    """A valid sample event of ``event_type`` (any USP type) as JSON: the schemas' booking example
-    and its buyer, service and slot, shaped for the type, with a fresh ``event_id``."""
+    """A valid sample event of ``event_type`` (any type) as JSON: the schemas' booking example
+    and its buyer, service and slot, shaped for the type (for ``content.*``, the demo publication's
+    post, subscription and entitlement), with a fresh ``event_id``."""
     if event_type not in EVENT_TYPES:
         _fail(f"no sample for {event_type!r}; choose one of: {', '.join(EVENT_TYPES)}", code=2)
     example = json.loads(BOOKING_CONFIRMED_EXAMPLE)
@@ -492,6 +495,8 @@ def sample_event(event_type: str) -> str:
             "remaining": 0,
         }
         body |= {"service_id": service_id, "data": {"service_id": service_id, "slots": [slot]}}
+    elif event_type.startswith("content."):
+        body |= content_sample(event_type, now)
     elif event_type.startswith("catalog.service."):
         service: dict[str, Any] = {"id": service_id, "name": "Haircut", "duration": _SAMPLE_DURATION}
         service["active"] = event_type != "catalog.service.deleted"

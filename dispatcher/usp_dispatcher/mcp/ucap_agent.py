@@ -49,9 +49,7 @@ def load_agent_key(path: Path) -> SigningKey:
         serialization.Encoding.Raw, serialization.PrivateFormat.Raw, serialization.NoEncryption()
     )
     public = private.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
-    return SigningKey.from_jwk(
-        {"kty": "OKP", "crv": "Ed25519", "x": _b64url(public), "d": _b64url(raw)}
-    )
+    return SigningKey.from_jwk({"kty": "OKP", "crv": "Ed25519", "x": _b64url(public), "d": _b64url(raw)})
 
 
 class AgentClient:
