@@ -271,7 +271,7 @@ async def stripe_webhook(request: Request) -> JSONResponse:
         raise UcapError(400, "invalid_signature", "The Stripe-Signature does not verify.") from None
     if event["type"] != "checkout.session.completed":
         return JSONResponse({"received": True, "handled": False})
-    stripe_session = event["data"]["object"]
+    stripe_session = event["data"]["object"].to_dict()
     if stripe_session.get("payment_status") != "paid":
         return JSONResponse({"received": True, "handled": False, "reason": "not paid"})
     checkout_id = await service._db(lambda s: _checkout_by_stripe(s, str(stripe_session["id"])))
