@@ -15,6 +15,8 @@ from sqlalchemy.engine import Engine
 
 from usp_workers import db
 
+from .ucap import tables as _content_tables  # noqa: F401  (the ucap_* tables join the domain's metadata)
+
 __all__ = ["MIGRATIONS", "upgrade"]
 
 MIGRATIONS = Path(__file__).with_name("migrations")

@@ -26,6 +26,16 @@ DOMAIN_TABLES = {
     "sched_idempotency_keys",
     "sched_api_keys",
     "sched_principal_profiles",
+    "access_nonces",
+    "ucap_publications",
+    "ucap_aliases",
+    "ucap_tiers",
+    "ucap_posts",
+    "ucap_post_tiers",
+    "ucap_categories",
+    "ucap_subscriptions",
+    "ucap_entitlements",
+    "ucap_checkouts",
 }
 
 
