@@ -18,7 +18,7 @@ from usp_workers.models import utcnow
 
 from ..errors import Conflict, NotFound, Refused
 from .events import emit_post_event, emit_publication_updated
-from .search import index_document
+from .search import index_document, touch_publication
 from .tables import AliasRow, CategoryRow, PostRow, PostTierRow, PublicationRow, TierRow
 
 __all__ = ["PostIn", "PublicationIn", "TierIn", "add_post", "add_publication", "add_tier", "update_post"]
@@ -246,6 +246,10 @@ def _index_publication(session: Session, row: PublicationRow) -> None:
         doc_id=row.id,
         kind="publication",
         publication_id=row.id,
+        published_at=row.created_at,
+        language=row.language,
+        free=False,
+        categories=json.loads(row.categories),
         title=row.name,
         summary=" ".join([row.description or "", *json.loads(row.categories)]),
         body="",
@@ -258,12 +262,17 @@ def _index_post(session: Session, row: PostRow) -> None:
         doc_id=row.id,
         kind="post",
         publication_id=row.publication_id,
+        published_at=row.published_at,
+        language=row.language,
+        free=row.free,
+        categories=json.loads(row.categories),
         title=row.title,
         summary=" ".join(
             [row.excerpt or "", row.teaser or "", row.author or "", *json.loads(row.categories)]
         ),
         body=row.body_text,
     )
+    touch_publication(session, row.publication_id, row.published_at)
 
 
 def _text_of(markup: str) -> str:

@@ -228,17 +228,26 @@ def upgrade() -> None:
 
 
 def _create_search_index() -> None:
-    """``ucap_search``: one row per publication and post (see ``usp_dispatcher.ucap.search``)."""
+    """``ucap_search``: one row per publication and post, with what the filters read (see
+    ``usp_dispatcher.ucap.search``). On PostgreSQL the whole text's ``tsvector`` (``document``,
+    matched through its GIN index) is kept out of line, so rows stay narrow; the title and
+    summary's (``headline``, what ranking reads) stays in the row."""
     if op.get_bind().dialect.name == "postgresql":
         op.execute(
             "CREATE TABLE ucap_search (doc_id varchar(128) PRIMARY KEY, kind varchar(16) NOT NULL, "
-            "publication_id varchar(128) NOT NULL, document tsvector NOT NULL)"
+            "publication_id varchar(128) NOT NULL, published_at timestamptz NOT NULL, "
+            "language varchar(35), free boolean NOT NULL, categories text[] NOT NULL, "
+            "headline tsvector NOT NULL, document tsvector NOT NULL) WITH (toast_tuple_target = 128)"
         )
+        op.execute("ALTER TABLE ucap_search ALTER COLUMN document SET STORAGE EXTERNAL")
+        op.execute("ALTER TABLE ucap_search ALTER COLUMN headline SET STORAGE MAIN")
         op.execute("CREATE INDEX ix_ucap_search_document ON ucap_search USING gin (document)")
+        op.execute("CREATE INDEX ix_ucap_search_published_at ON ucap_search (published_at DESC)")
     else:
         op.execute(
             "CREATE VIRTUAL TABLE ucap_search USING fts5(doc_id UNINDEXED, kind UNINDEXED, "
-            "publication_id UNINDEXED, title, summary, body, tokenize='porter unicode61')"
+            "publication_id UNINDEXED, published_at UNINDEXED, language UNINDEXED, free UNINDEXED, "
+            "title, summary, body, tokenize='porter unicode61')"
         )
 
 
