@@ -130,57 +130,83 @@ def search(session: Session, query: SearchQuery) -> Page:
     """One page of hits, best first, and how many there are (on PostgreSQL, at most
     :data:`CANDIDATES`)."""
     words = tuple(dict.fromkeys(w.lower() for w in _WORD.findall(query.text or "")))[:_MAX_WORDS]
+    if _postgres(session):
+        return _postgres_search(session, query, words)
     if not words:
-        return _run(session, query, None)
-    every = _run(session, query, words, any_word=False)
+        return _sqlite_search(session, query, None)
+    every = _sqlite_search(session, query, " AND ".join(f'"{w}"' for w in words))
     if every.total or len(words) == 1:
         return every
-    return _run(session, query, words, any_word=True)
+    return _sqlite_search(session, query, " OR ".join(f'"{w}"' for w in words))
 
 
-def _run(
-    session: Session, query: SearchQuery, words: tuple[str, ...] | None, *, any_word: bool = False
-) -> Page:
-    postgres = _postgres(session)
-    table = "s" if postgres else "ucap_search"
+def _postgres_search(session: Session, query: SearchQuery, words: tuple[str, ...]) -> Page:
     params: dict[str, Any] = {"limit": query.limit, "offset": query.offset, "cap": CANDIDATES}
-    where = _filters(query, params, table, postgres)
+    filters = "".join(f" AND {condition}" for condition in _filters(query, params, "s", postgres=True))
     if words:
-        if postgres:
-            params["q"] = (" | " if any_word else " & ").join(words)
-            where.insert(0, "s.document @@ to_tsquery('english', :q)")
-        else:
-            params["q"] = (" OR " if any_word else " AND ").join(f'"{w}"' for w in words)
-            where.insert(0, "ucap_search MATCH :q")
-    condition = " AND ".join(where) or "1 = 1"
-    if postgres:
-        score = "ts_rank_cd(headline, to_tsquery('english', :q), 32)" if words else "NULL"
-        order = "score DESC, published_at DESC, doc_id" if words else "published_at DESC, doc_id"
-        statement = sa.text(
-            "WITH c AS (SELECT s.doc_id, s.kind, s.publication_id, s.published_at, s.headline "  # noqa: S608
-            f"FROM ucap_search s WHERE {condition} ORDER BY s.published_at DESC LIMIT :cap) "
-            f"SELECT doc_id, kind, publication_id, {score} AS score, count(*) OVER () AS total FROM c "
-            f"ORDER BY {order} LIMIT :limit OFFSET :offset"
+        params |= {"every": " & ".join(words), "any": " | ".join(words)}
+        # The newest matches of every word; only when there are none, of any word. Their ids
+        # first (narrow rows, from a bitmap of the GIN index), then the candidates' rows, ranked
+        # on their compact vector.
+        candidates = (
+            "WITH a AS (SELECT s.doc_id FROM ucap_search s WHERE s.document @@ to_tsquery('english', :every)"
+            f"{filters} ORDER BY s.published_at DESC LIMIT :cap), "
+            "o AS (SELECT s.doc_id FROM ucap_search s WHERE NOT EXISTS (SELECT 1 FROM a) AND "
+            f"s.document @@ to_tsquery('english', :any){filters} ORDER BY s.published_at DESC LIMIT :cap), "
+            "c AS (SELECT doc_id FROM a UNION ALL SELECT doc_id FROM o) "
         )
+        score = "ts_rank_cd(s.headline, to_tsquery('english', :any), 32)"
+        order = "score DESC, s.published_at DESC, s.doc_id"
     else:
-        score = "-bm25(ucap_search, 10.0, 4.0, 1.0)" if words else "NULL"
-        order = "score DESC, doc_id" if words else "published_at DESC, doc_id"
-        statement = sa.text(
-            f"SELECT doc_id, kind, publication_id, {score} AS score FROM ucap_search "  # noqa: S608
-            f"WHERE {condition} ORDER BY {order} LIMIT :limit OFFSET :offset"
+        candidates = (
+            f"WITH c AS (SELECT s.doc_id FROM ucap_search s WHERE 1 = 1{filters} "
+            "ORDER BY s.published_at DESC LIMIT :cap) "
         )
-    rows = session.execute(_expanding(statement, query, postgres), params).all()
-    hits = [Hit(row.kind, row.doc_id, row.publication_id, _relevance(row.score, postgres)) for row in rows]
-    if postgres and (rows or query.offset == 0):
-        total = int(rows[0].total) if rows else 0
-    else:  # SQLite, or a page past the end: count on its own
-        counted = (
-            f"SELECT count(*) FROM (SELECT 1 FROM ucap_search s WHERE {condition} LIMIT :cap) AS c"  # noqa: S608
-            if postgres
-            else f"SELECT count(*) FROM ucap_search WHERE {condition}"  # noqa: S608
+        score, order = "NULL", "s.published_at DESC, s.doc_id"
+    statement = sa.text(
+        candidates
+        + f"SELECT s.doc_id, s.kind, s.publication_id, {score} AS score, count(*) OVER () AS total "
+        f"FROM c JOIN ucap_search s ON s.doc_id = c.doc_id ORDER BY {order} LIMIT :limit OFFSET :offset"
+    )
+    # The planner's cost model thinks a common word is cheaper to test row by row (a scan of the
+    # table or of the date index) than to look up in the GIN index, but testing reads the row's
+    # out-of-line text (~8 µs a row), while bitmap scans of the indexes answer without it;
+    # compiling these statements (JIT) costs ~20 ms where they run in a few, and so does starting
+    # parallel workers.
+    session.execute(
+        sa.text(
+            "SELECT set_config('enable_seqscan', 'off', true), set_config('enable_indexscan', 'off', true), "
+            "set_config('jit', 'off', true), set_config('max_parallel_workers_per_gather', '0', true)"
         )
-        total = int(session.execute(_expanding(sa.text(counted), query, postgres), params).scalar_one())
-    return Page(hits, total)
+    )
+    rows = session.execute(statement, params).all()
+    hits = [Hit(row.kind, row.doc_id, row.publication_id, _relevance(row.score, True)) for row in rows]
+    if rows or query.offset == 0:
+        return Page(hits, int(rows[0].total) if rows else 0)
+    counted = sa.text(candidates + "SELECT count(*) FROM c")  # a page past the end
+    return Page(hits, int(session.execute(counted, params).scalar_one()))
+
+
+def _sqlite_search(session: Session, query: SearchQuery, match: str | None) -> Page:
+    params: dict[str, Any] = {"limit": query.limit, "offset": query.offset}
+    where = _filters(query, params, "ucap_search", postgres=False)
+    if match is not None:
+        params["q"] = match
+        where.insert(0, "ucap_search MATCH :q")
+    condition = " AND ".join(where) or "1 = 1"
+    score = "-bm25(ucap_search, 10.0, 4.0, 1.0)" if match is not None else "NULL"
+    order = "score DESC, doc_id" if match is not None else "published_at DESC, doc_id"
+    statement = sa.text(
+        f"SELECT doc_id, kind, publication_id, {score} AS score FROM ucap_search "
+        f"WHERE {condition} ORDER BY {order} LIMIT :limit OFFSET :offset"
+    )
+    counted = sa.text(f"SELECT count(*) FROM ucap_search WHERE {condition}")
+    if query.categories:
+        statement = statement.bindparams(sa.bindparam("categories", expanding=True))
+        counted = counted.bindparams(sa.bindparam("categories", expanding=True))
+    rows = session.execute(statement, params).all()
+    hits = [Hit(row.kind, row.doc_id, row.publication_id, _relevance(row.score, False)) for row in rows]
+    return Page(hits, int(session.execute(counted, params).scalar_one()))
 
 
 def _filters(query: SearchQuery, params: dict[str, Any], t: str, postgres: bool) -> list[str]:
@@ -191,7 +217,7 @@ def _filters(query: SearchQuery, params: dict[str, Any], t: str, postgres: bool)
         where.append(
             f"{t}.categories && CAST(:category_array AS text[])"
             if postgres
-            else "EXISTS (SELECT 1 FROM ucap_categories c "  # noqa: S608 - fixed text, values bound
+            else "EXISTS (SELECT 1 FROM ucap_categories c "
             f"WHERE c.doc_id = {t}.doc_id AND c.category IN :categories)"
         )
         if postgres:
@@ -211,18 +237,12 @@ def _filters(query: SearchQuery, params: dict[str, Any], t: str, postgres: bool)
             "(CASE t.interval WHEN 'year' THEN t.price_amount / 12 ELSE t.price_amount END) <= :price_max"
         )
         where.append(
-            f"(({t}.kind = 'post' AND ({free} OR EXISTS (SELECT 1 FROM ucap_post_tiers pt JOIN ucap_tiers t "  # noqa: S608
+            f"(({t}.kind = 'post' AND ({free} OR EXISTS (SELECT 1 FROM ucap_post_tiers pt JOIN ucap_tiers t "
             f"ON t.id = pt.tier_id WHERE pt.post_id = {t}.doc_id AND t.currency = :currency AND {monthly}))) "
             f"OR ({t}.kind = 'publication' AND EXISTS (SELECT 1 FROM ucap_tiers t WHERE t.publication_id = "
             f"{t}.doc_id AND t.currency = :currency AND {monthly})))"
         )
     return where
-
-
-def _expanding(statement: sa.TextClause, query: SearchQuery, postgres: bool) -> sa.TextClause:
-    if query.categories and not postgres:
-        return statement.bindparams(sa.bindparam("categories", expanding=True))
-    return statement
 
 
 def _moment(moment: datetime, postgres: bool) -> datetime | str:

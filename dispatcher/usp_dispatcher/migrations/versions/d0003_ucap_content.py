@@ -229,9 +229,9 @@ def upgrade() -> None:
 
 def _create_search_index() -> None:
     """``ucap_search``: one row per publication and post, with what the filters read (see
-    ``usp_dispatcher.ucap.search``). On PostgreSQL the whole text's ``tsvector`` (``document``,
-    matched through its GIN index) is kept out of line, so rows stay narrow; the title and
-    summary's (``headline``, what ranking reads) stays in the row."""
+    ``usp_dispatcher.ucap.search``). On PostgreSQL both ``tsvector`` columns live out of line
+    (``toast_tuple_target``), so a row is ~100 bytes and a scan of every match of a common word
+    reads few pages; what the filters read stays in the row (``categories`` never moves)."""
     if op.get_bind().dialect.name == "postgresql":
         op.execute(
             "CREATE TABLE ucap_search (doc_id varchar(128) PRIMARY KEY, kind varchar(16) NOT NULL, "
@@ -240,7 +240,8 @@ def _create_search_index() -> None:
             "headline tsvector NOT NULL, document tsvector NOT NULL) WITH (toast_tuple_target = 128)"
         )
         op.execute("ALTER TABLE ucap_search ALTER COLUMN document SET STORAGE EXTERNAL")
-        op.execute("ALTER TABLE ucap_search ALTER COLUMN headline SET STORAGE MAIN")
+        op.execute("ALTER TABLE ucap_search ALTER COLUMN headline SET STORAGE EXTERNAL")
+        op.execute("ALTER TABLE ucap_search ALTER COLUMN categories SET STORAGE PLAIN")
         op.execute("CREATE INDEX ix_ucap_search_document ON ucap_search USING gin (document)")
         op.execute("CREATE INDEX ix_ucap_search_published_at ON ucap_search (published_at DESC)")
     else:
