@@ -108,9 +108,13 @@ def confirm(session_id: Annotated[str, typer.Argument(help="The checkout session
     finally:
         engine.dispose()
     if done.granted:
-        console.print(f"{session_id} paid: entitlement {done.entitlement_id} granted", markup=False)
+        console.print(
+            f"{session_id} paid: entitlement {done.entitlement_id} granted", markup=False, soft_wrap=True
+        )
     else:
-        console.print(f"{session_id} was already paid (entitlement {done.entitlement_id})", markup=False)
+        console.print(
+            f"{session_id} was already paid (entitlement {done.entitlement_id})", markup=False, soft_wrap=True
+        )
 
 
 def ucap_mcp(

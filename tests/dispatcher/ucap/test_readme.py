@@ -1,0 +1,61 @@
+"""The README's UCAP quick start runs as written: its script, copied verbatim out of the README,
+finds a paid post, gets ``payment_required``, subscribes with USDC, confirms in the sandbox and
+reads the post, against the API under a real uvicorn (SQLite, development mode, as it says)."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+from usp_dispatcher.app import create_app
+from usp_workers.settings import Settings
+
+from ..conftest import Serve
+
+README = Path(__file__).resolve().parents[3] / "README.md"
+SECTION = "### The content server (UCAP)"
+
+
+def readme_script() -> str:
+    _, found, rest = README.read_text(encoding="utf-8").partition(SECTION + "\n")
+    assert found, f"the README has no {SECTION!r} section"
+    block = re.search(r"^```python\n(.*?)^```", rest, flags=re.MULTILINE | re.DOTALL)
+    assert block is not None, "no python block in the UCAP section"
+    return block.group(1)
+
+
+def test_the_readme_agent_script_runs(serve: Serve, tmp_path: Path) -> None:
+    database_url = f"sqlite:///{tmp_path / 'usp-webhooks.sqlite3'}"
+    settings = Settings(
+        _env_file=None,
+        database_url=database_url,
+        allow_private_targets=True,  # `USP_ALLOW_PRIVATE_TARGETS=true`, as the README says
+        broker_url=f"sqla+sqlite:///{tmp_path / 'broker.sqlite3'}",
+    )
+    base = serve(create_app(settings))
+    script = tmp_path / "ucap_agent.py"
+    script.write_text(readme_script(), encoding="utf-8")
+    env = {
+        **os.environ,
+        "UCAP_API": base,
+        "USP_DATABASE_URL": database_url,
+        "PATH": str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", ""),
+    }
+    done = subprocess.run(
+        [sys.executable, str(script)],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = done.stdout.splitlines()
+    assert lines[0] == "payment_required"
+    assert "granted" in lines[1]  # payments confirm
+    assert lines[2] == "ok"
+    assert "agent" in lines[3].lower()
