@@ -30,13 +30,11 @@ from pathlib import Path
 # This file is named mcp.py: run as a script, its folder is first on sys.path and it would be
 # imported in place of the MCP SDK.
 sys.path[:] = [entry for entry in sys.path if Path(entry or ".").resolve() != Path(__file__).resolve().parent]
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # for bench.api_process
 
 import argparse
 import asyncio
 import os
-import signal
-import socket
-import subprocess
 import tempfile
 import time
 import uuid
@@ -54,6 +52,7 @@ from mcp.client.streamable_http import streamable_http_client
 from rich.console import Console
 from rich.table import Table
 
+from bench.api_process import api_server as run_api
 from usp_dispatcher import access, domain
 from usp_workers import db
 
@@ -226,46 +225,15 @@ def database(args: argparse.Namespace, folder: Path) -> Iterator[str]:
 
 @contextmanager
 def api_server(url: str, folder: Path) -> Iterator[str]:
-    """``usp-webhooks api`` in a subprocess (its own process group), until it answers."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    """``usp-webhooks api`` on ``url``'s database (:func:`bench.api_process.api_server`)."""
     env = {
-        **os.environ,
         "USP_DATABASE_URL": url,
         "USP_ADMIN_TOKEN": ADMIN_TOKEN,
         "USP_BROKER_URL": f"sqla+sqlite:///{folder / 'broker.sqlite3'}",
         "USP_SEED_DEMO_CATALOG": "false",
     }
-    log = (folder / "api.log").open("wb")
-    process = subprocess.Popen(
-        [sys.executable, "-m", "usp_dispatcher.cli", "api", "--port", str(port)],
-        env=env,
-        cwd=folder,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            if process.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"the API did not start; see {folder / 'api.log'}")
-            try:
-                if httpx.get(f"{base}/.well-known/usp", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.1)
+    with run_api(env, folder, ready="/.well-known/usp") as base:
         yield base
-    finally:
-        os.killpg(process.pid, signal.SIGTERM)
-        try:
-            process.wait(10)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
-        log.close()
 
 
 if __name__ == "__main__":

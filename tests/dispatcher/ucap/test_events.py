@@ -5,7 +5,6 @@ subscription to ``content.*``; an agent's subscription and entitlement reach the
 from __future__ import annotations
 
 from collections.abc import Iterator
-from urllib.parse import urlsplit
 
 import pytest
 from fastapi.testclient import TestClient
@@ -24,8 +23,8 @@ from usp_workers.runtime import close_background_runtime
 from usp_workers.settings import Settings
 
 from ..conftest import ADMIN, MakeSettings
-from .conftest import Agent, signed
-from .test_flow import x402_payment
+from .conftest import Agent
+from .support import pay, start_usdc
 
 PLATFORM = "https://agents.example/profile.json"
 
@@ -70,22 +69,7 @@ def test_content_events_are_signed_and_delivered(
     }
     made = api.post(f"/admin/ucap/publications/{DEMO_PUBLICATION}/posts", json=post, headers=ADMIN)
     assert made.status_code == 201, made.text
-    started = signed(
-        api,
-        alice,
-        "POST",
-        "/v1/subscribe",
-        {"publisher_id": DEMO_PUBLICATION, "tier_id": "tier_ai_weekly_pro", "payment_method": "usdc"},
-    ).json()
-    requirements = started["accepts"][0]
-    paid = signed(
-        api,
-        alice,
-        "POST",
-        urlsplit(requirements["resource"]).path,
-        headers={"X-PAYMENT": x402_payment(requirements)},
-    )
-    assert paid.status_code == 200
+    assert pay(api, alice, start_usdc(api, alice)).status_code == 200
     deliver_all(engine, settings)
 
     with db.session(engine) as session:

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import base64
 import json
-import secrets
-import time
 from urllib.parse import urlsplit
 
 import pytest
@@ -19,28 +17,7 @@ from usp_workers import db
 from usp_workers.models import EventRecord
 
 from .conftest import Agent, MakeAgent, signed
-
-PRO = "tier_ai_weekly_pro"
-
-
-def x402_payment(requirements: dict[str, object], **changes: object) -> str:
-    """An ``X-PAYMENT`` header as an x402 client builds it (EIP-3009 authorization)."""
-    now = int(time.time())
-    authorization = {
-        "from": "0x857b06519E91e3A54538791bDbb0E22373e36b66",
-        "to": requirements["payTo"],
-        "value": requirements["maxAmountRequired"],
-        "validAfter": str(now - 60),
-        "validBefore": str(now + 300),
-        "nonce": "0x" + secrets.token_hex(32),
-    } | changes
-    payload = {
-        "x402Version": 1,
-        "scheme": "exact",
-        "network": requirements["network"],
-        "payload": {"signature": "0x" + "ab" * 65, "authorization": authorization},
-    }
-    return base64.b64encode(json.dumps(payload).encode()).decode()
+from .support import PRO, pay, start_usdc, x402_payment
 
 
 def event_types(engine: Engine) -> list[str]:
@@ -114,19 +91,7 @@ def test_find_pay_and_read_a_paid_post(api: TestClient, alice: Agent, engine: En
 
 def test_two_agents_of_one_registry_do_not_share_entitlements(api: TestClient, make_agent: MakeAgent) -> None:
     bob, carol = make_agent("bob"), make_agent("carol")
-    started = signed(
-        api,
-        bob,
-        "POST",
-        "/v1/subscribe",
-        {"publisher_id": DEMO_PUBLICATION, "tier_id": PRO, "payment_method": "usdc"},
-    ).json()
-    requirements = started["accepts"][0]
-    pay_path = urlsplit(requirements["resource"]).path
-    assert (
-        signed(api, bob, "POST", pay_path, headers={"X-PAYMENT": x402_payment(requirements)}).status_code
-        == 200
-    )
+    assert pay(api, bob, start_usdc(api, bob)).status_code == 200
     assert signed(api, bob, "GET", f"/v1/content/{DEMO_PUBLICATION}/{DEMO_PAID_POST}").status_code == 200
     assert signed(api, carol, "GET", f"/v1/content/{DEMO_PUBLICATION}/{DEMO_PAID_POST}").status_code == 402
     assert signed(api, carol, "GET", "/v1/entitlements").json() == {"entitlements": []}
@@ -148,48 +113,19 @@ def test_two_agents_of_one_registry_do_not_share_entitlements(api: TestClient, m
 def test_a_payment_that_does_not_pay_is_refused_with_its_reason(
     api: TestClient, alice: Agent, change: dict[str, str], reason: str
 ) -> None:
-    started = signed(
-        api,
-        alice,
-        "POST",
-        "/v1/subscribe",
-        {"publisher_id": DEMO_PUBLICATION, "tier_id": PRO, "payment_method": "usdc"},
-    ).json()
-    requirements = started["accepts"][0]
-    pay_path = urlsplit(requirements["resource"]).path
-    refused = signed(
-        api, alice, "POST", pay_path, headers={"X-PAYMENT": x402_payment(requirements, **change)}
-    )
+    requirements = start_usdc(api, alice)
+    refused = pay(api, alice, requirements, x402_payment(requirements, **change))
     assert refused.status_code == 402
     assert refused.json()["error"] == reason
     assert signed(api, alice, "GET", f"/v1/content/{DEMO_PUBLICATION}/{DEMO_PAID_POST}").status_code == 402
 
 
 def test_a_reused_authorization_pays_once(api: TestClient, alice: Agent, engine: Engine) -> None:
-    first = signed(
-        api,
-        alice,
-        "POST",
-        "/v1/subscribe",
-        {"publisher_id": DEMO_PUBLICATION, "tier_id": PRO, "payment_method": "usdc"},
-    ).json()["accepts"][0]
-    second = signed(
-        api,
-        alice,
-        "POST",
-        "/v1/subscribe",
-        {"publisher_id": DEMO_PUBLICATION, "tier_id": PRO, "payment_method": "usdc"},
-    ).json()["accepts"][0]
+    first, second = start_usdc(api, alice), start_usdc(api, alice)
     payment = x402_payment(first)
-    assert (
-        signed(
-            api, alice, "POST", urlsplit(first["resource"]).path, headers={"X-PAYMENT": payment}
-        ).status_code
-        == 200
-    )
-    again = signed(api, alice, "POST", urlsplit(first["resource"]).path, headers={"X-PAYMENT": payment})
+    assert pay(api, alice, first, payment).status_code == 200
+    again = pay(api, alice, first, payment)
     assert again.status_code == 200
     assert again.json()["message"] == "Already paid."
-    other = signed(api, alice, "POST", urlsplit(second["resource"]).path, headers={"X-PAYMENT": payment})
-    assert other.status_code == 402
+    assert pay(api, alice, second, payment).status_code == 402  # one authorization pays one session
     assert event_types(engine).count("content.entitlement.granted") == 1

@@ -171,6 +171,26 @@ async def test_remote_tools_refuse_an_unsigned_caller_and_bad_arguments(base_url
         assert missing.structured_content["messages"][0]["code"] == "content_not_found"
 
 
+def agent_side(base_url: str, key_file: Path, jwks_url: str, cwd: Path) -> StdioServerParameters:
+    """How an MCP client starts ``usp-webhooks ucap-mcp`` (the module form of the command)."""
+    return StdioServerParameters(
+        command=sys.executable,
+        args=[
+            "-m",
+            "usp_dispatcher.cli",
+            "ucap-mcp",
+            "--api",
+            base_url,
+            "--agent-key",
+            str(key_file),
+            "--signature-agent",
+            jwks_url,
+        ],
+        env={"PYTHONPATH": os.pathsep.join(sys.path)},
+        cwd=str(cwd),
+    )
+
+
 @pytest.fixture
 def agent_key_file(alice: Agent, tmp_path: Path) -> Path:
     """Alice's key as a PKCS#8 PEM file, as OpenBotAuth's keygen writes it."""
@@ -189,22 +209,7 @@ def agent_key_file(alice: Agent, tmp_path: Path) -> Path:
 async def test_agent_side_stdio_server_signs_every_call(
     base_url: str, alice: Agent, agent_key_file: Path, registry: Registry, tmp_path: Path
 ) -> None:
-    parameters = StdioServerParameters(
-        command=sys.executable,
-        args=[
-            "-m",
-            "usp_dispatcher.cli",
-            "ucap-mcp",
-            "--api",
-            base_url,
-            "--agent-key",
-            str(agent_key_file),
-            "--signature-agent",
-            alice.jwks_url,
-        ],
-        env={"PYTHONPATH": os.pathsep.join(sys.path)},
-        cwd=str(tmp_path),
-    )
+    parameters = agent_side(base_url, agent_key_file, alice.jwks_url, tmp_path)
     async with Client(parameters) as client:
         assert [t.name for t in (await client.list_tools()).tools] == [t.name for t in UCAP_TOOLS]
         wall = await client.call_tool(
@@ -227,22 +232,7 @@ async def test_a_stranger_key_is_refused_by_the_agent_side_server(
         serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
     )
     (tmp_path / "stranger.pem").write_bytes(stranger)
-    parameters = StdioServerParameters(
-        command=sys.executable,
-        args=[
-            "-m",
-            "usp_dispatcher.cli",
-            "ucap-mcp",
-            "--api",
-            base_url,
-            "--agent-key",
-            str(tmp_path / "stranger.pem"),
-            "--signature-agent",
-            alice.jwks_url,
-        ],
-        env={"PYTHONPATH": os.pathsep.join(sys.path)},
-        cwd=str(tmp_path),
-    )
+    parameters = agent_side(base_url, tmp_path / "stranger.pem", alice.jwks_url, tmp_path)
     async with Client(parameters) as client:
         with pytest.raises(MCPError) as caught:
             await client.call_tool("list_entitlements", {})

@@ -33,7 +33,7 @@ from usp_workers.models import EventRecord
 
 from ..conftest import MakeClient, MakeSettings, Serve
 from .conftest import Agent, signed
-from .test_flow import x402_payment
+from .support import pay, start_usdc, x402_payment
 
 PRO = "tier_ai_weekly_pro"
 WEBHOOK_SECRET = "whsec_test_7f1c"
@@ -191,19 +191,12 @@ def test_usdc_through_a_facilitator_over_http(
     api = make_client(
         app=create_app(make_settings(), ucap=UcapSettings(_env_file=None, x402_facilitator_url=facilitator))
     )
-    started = signed(
-        api,
-        alice,
-        "POST",
-        "/v1/subscribe",
-        {"publisher_id": DEMO_PUBLICATION, "tier_id": PRO, "payment_method": "usdc"},
-    ).json()
-    requirements = started["accepts"][0]
+    requirements = start_usdc(api, alice)
     path = urlsplit(requirements["resource"]).path
     assert signed(api, alice, "POST", path).status_code == 402  # no X-PAYMENT: the requirements again
-    short = signed(api, alice, "POST", path, headers={"X-PAYMENT": x402_payment(requirements, value="1")})
+    short = pay(api, alice, requirements, x402_payment(requirements, value="1"))
     assert short.json()["error"] == "invalid_exact_evm_payload_authorization_value"
-    paid = signed(api, alice, "POST", path, headers={"X-PAYMENT": x402_payment(requirements)})
+    paid = pay(api, alice, requirements)
     assert paid.status_code == 200, paid.text
     assert paid.json()["transaction"].startswith("0x")
     assert signed(api, alice, "GET", READ).status_code == 200
