@@ -26,7 +26,7 @@ from ..ucap.catalog import tier_view
 from ..ucap.publishing import PostIn, PublicationIn, TierIn, add_post, add_publication, add_tier, update_post
 from ..ucap.service import UcapService
 from ..ucap.subscriptions import SubscribeIn, checkout_of, subscribe
-from ..ucap.tables import CheckoutRow, PublicationRow, SubscriptionRow, TierRow
+from ..ucap.tables import CheckoutRow, PublicationRow, SubscriptionRow, SubscriptionStatus, TierRow
 from ..ucap.tools import UCAP_TOOLS
 
 __all__ = ["admin_router", "install_ucap_errors", "router", "service_of"]
@@ -352,7 +352,7 @@ async def list_subscriptions(
                 "publisher_id": row.publication_id,
                 "tier_id": row.tier_id,
                 "agent": {"key_directory": row.agent_directory, "key_thumbprint": row.agent_thumbprint},
-                "status": row.status.value,
+                "status": SubscriptionStatus(row.status).value,
                 "payment_method": row.payment_method,
                 "price": {"amount": row.price_amount, "currency": row.currency, "interval": row.interval},
                 "created_at": row.created_at.isoformat(),

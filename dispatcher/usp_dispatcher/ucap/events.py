@@ -32,7 +32,15 @@ from usp_schemas import (
 )
 from usp_workers.outbox import emit
 
-from .tables import EntitlementRow, PostRow, PostTierRow, PublicationRow, SubscriptionRow, TierRow
+from .tables import (
+    EntitlementRow,
+    PostRow,
+    PostTierRow,
+    PublicationRow,
+    SubscriptionRow,
+    SubscriptionStatus,
+    TierRow,
+)
 
 __all__ = [
     "emit_entitlement_event",
@@ -132,7 +140,7 @@ def subscription_model(row: SubscriptionRow) -> ContentSubscription:
         publisher_id=row.publication_id,
         tier_id=row.tier_id,
         agent={"key_directory": row.agent_directory, "key_thumbprint": row.agent_thumbprint},
-        status=row.status.value,
+        status=SubscriptionStatus(row.status).value,
         payment_method=row.payment_method,
         price={"amount": row.price_amount, "currency": row.currency, "interval": row.interval},
         created_at=row.created_at,

@@ -324,7 +324,7 @@ def _subscription_view(subscription: SubscriptionRow, tier: TierRow) -> dict[str
         "tier_name": tier.name,
         "interval": tier.interval,
         "price": view["price"],
-        "status": subscription.status.value,
+        "status": SubscriptionStatus(subscription.status).value,
     }
 
 
