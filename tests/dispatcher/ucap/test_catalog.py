@@ -160,48 +160,46 @@ def test_content_by_original_url(api: TestClient, alice: Agent) -> None:
     assert signed(api, alice, "GET", "/v1/content?url=https%3A%2F%2Fnowhere.example").status_code == 404
 
 
-@pytest.mark.parametrize(
-    ("method", "path", "body", "status"),
-    [
-        ("GET", "/v1/catalog/item/isbn:123", None, 400),
-        ("GET", "/v1/catalog/item/nonsense", None, 400),
-        ("POST", "/v1/catalog/search", {"pagination": {"limit": 0}}, 400),
-        ("POST", "/v1/catalog/search", {"pagination": {"limit": 500}}, 400),
-        ("POST", "/v1/catalog/search", {"filters": {"recency": "1y"}}, 400),
-        ("POST", "/v1/catalog/search", {"filters": {"price": {"max": -1}}}, 400),
-        ("POST", "/v1/catalog/search", {"context": {"currency": "dollars"}}, 400),
-        ("POST", "/v1/catalog/search", {"surprise": True}, 400),
-        ("POST", "/v1/catalog/search", ["not", "an", "object"], 400),
-        (
-            "POST",
-            "/v1/subscribe",
-            {"publisher_id": DEMO_PUBLICATION, "tier_id": "tier_ai_weekly_pro", "payment_method": "paypal"},
-            400,
-        ),
-        ("POST", "/v1/subscribe", {"publisher_id": DEMO_PUBLICATION, "tier_id": "tier_carnet_membre"}, 400),
-        (
-            "POST",
-            "/v1/subscribe",
-            {"publisher_id": "pub_le_carnet", "tier_id": "tier_carnet_membre", "payment_method": "usdc"},
-            400,
-        ),
-        ("POST", "/v1/subscribe", {"publisher_id": "pub_nope", "tier_id": "tier_x"}, 404),
-        ("POST", "/v1/subscribe", {"tier_id": "tier_x"}, 400),
-        ("GET", f"/v1/content/{DEMO_PUBLICATION}/post_nope", None, 404),
-        ("GET", f"/v1/content/pub_le_carnet/{DEMO_PAID_POST}", None, 404),
-        ("DELETE", "/v1/entitlements/ent_nope", None, 404),
-        ("POST", "/v1/checkout/chk_nope/pay", None, 404),
-    ],
-)
-def test_bad_input_is_a_clear_4xx(
-    api: TestClient, alice: Agent, method: str, path: str, body: Any, status: int
-) -> None:
-    answer = signed(api, alice, method, path, body)
-    assert answer.status_code == status, answer.text
-    problem = answer.json()
-    assert problem["status"] == status
-    assert problem["error"]["code"] == problem["reason"]
-    assert problem["detail"]
+BAD_INPUT: list[tuple[str, str, Any, int]] = [
+    ("GET", "/v1/catalog/item/isbn:123", None, 400),
+    ("GET", "/v1/catalog/item/nonsense", None, 400),
+    ("POST", "/v1/catalog/search", {"pagination": {"limit": 0}}, 400),
+    ("POST", "/v1/catalog/search", {"pagination": {"limit": 500}}, 400),
+    ("POST", "/v1/catalog/search", {"filters": {"recency": "1y"}}, 400),
+    ("POST", "/v1/catalog/search", {"filters": {"price": {"max": -1}}}, 400),
+    ("POST", "/v1/catalog/search", {"context": {"currency": "dollars"}}, 400),
+    ("POST", "/v1/catalog/search", {"surprise": True}, 400),
+    ("POST", "/v1/catalog/search", ["not", "an", "object"], 400),
+    (
+        "POST",
+        "/v1/subscribe",
+        {"publisher_id": DEMO_PUBLICATION, "tier_id": "tier_ai_weekly_pro", "payment_method": "paypal"},
+        400,
+    ),
+    ("POST", "/v1/subscribe", {"publisher_id": DEMO_PUBLICATION, "tier_id": "tier_carnet_membre"}, 400),
+    (
+        "POST",
+        "/v1/subscribe",
+        {"publisher_id": "pub_le_carnet", "tier_id": "tier_carnet_membre", "payment_method": "usdc"},
+        400,
+    ),
+    ("POST", "/v1/subscribe", {"publisher_id": "pub_nope", "tier_id": "tier_x"}, 404),
+    ("POST", "/v1/subscribe", {"tier_id": "tier_x"}, 400),
+    ("GET", f"/v1/content/{DEMO_PUBLICATION}/post_nope", None, 404),
+    ("GET", f"/v1/content/pub_le_carnet/{DEMO_PAID_POST}", None, 404),
+    ("DELETE", "/v1/entitlements/ent_nope", None, 404),
+    ("POST", "/v1/checkout/chk_nope/pay", None, 404),
+]
+
+
+def test_bad_input_is_a_clear_4xx(api: TestClient, alice: Agent) -> None:
+    for method, path, body, status in BAD_INPUT:
+        answer = signed(api, alice, method, path, body)
+        assert answer.status_code == status, (method, path, body, answer.text)
+        problem = answer.json()
+        assert problem["status"] == status
+        assert problem["error"]["code"] == problem["reason"]
+        assert problem["detail"]
 
 
 def test_a_body_over_the_limit_is_refused(api: TestClient, alice: Agent) -> None:
