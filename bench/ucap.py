@@ -381,9 +381,10 @@ def fill(engine: sa.Engine, size: int, vocabulary: list[str], rng: random.Random
             conn.execute(
                 sa.text(
                     "INSERT INTO ucap_search (doc_id, kind, publication_id, published_at, language, free, "
-                    "categories, headline, document) "
+                    "categories, tier_ids, headline, document) "
                     "SELECT p.id, 'post', publication_id, published_at, language, free, "
                     "ARRAY(SELECT category FROM ucap_categories c WHERE c.doc_id = p.id), "
+                    "ARRAY(SELECT tier_id FROM ucap_post_tiers pt WHERE pt.post_id = p.id), "
                     "setweight(to_tsvector('english', title), 'A') || "
                     "setweight(to_tsvector('english', coalesce(excerpt, '')), 'B'), "
                     "setweight(to_tsvector('english', title), 'A') || "
@@ -394,12 +395,14 @@ def fill(engine: sa.Engine, size: int, vocabulary: list[str], rng: random.Random
             conn.execute(
                 sa.text(
                     "INSERT INTO ucap_search (doc_id, kind, publication_id, published_at, language, free, "
-                    "categories, headline, document) "
-                    "SELECT id, 'publication', id, updated_at, language, false, '{}', "
+                    "categories, tier_ids, headline, document) "
+                    "SELECT u.id, 'publication', u.id, updated_at, language, false, '{}', "
+                    "ARRAY(SELECT t.id FROM ucap_tiers t WHERE t.publication_id = u.id), "
                     "setweight(to_tsvector('english', name), 'A') || "
                     "setweight(to_tsvector('english', coalesce(description, '')), 'B'), "
                     "setweight(to_tsvector('english', name), 'A') || "
-                    "setweight(to_tsvector('english', coalesce(description, '')), 'B') FROM ucap_publications"
+                    "setweight(to_tsvector('english', coalesce(description, '')), 'B') "
+                    "FROM ucap_publications u"
                 )
             )
         else:

@@ -11,6 +11,7 @@ is a 404 ``content_not_found``.
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 import math
 from collections.abc import Callable, Sequence
@@ -192,8 +193,6 @@ def _offset(cursor: str | None, args: SearchIn) -> int:
 
 
 def _fingerprint(args: SearchIn) -> str:
-    import hashlib
-
     basis = args.model_dump(mode="json", exclude={"pagination"})
     return hashlib.sha256(json.dumps(basis, sort_keys=True).encode()).hexdigest()[:16]
 

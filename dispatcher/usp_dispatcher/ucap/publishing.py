@@ -18,7 +18,7 @@ from usp_workers.models import utcnow
 
 from ..errors import Conflict, NotFound, Refused
 from .events import emit_post_event, emit_publication_updated
-from .search import index_document, touch_publication
+from .search import add_publication_tier, index_document, touch_publication
 from .tables import AliasRow, CategoryRow, PostRow, PostTierRow, PublicationRow, TierRow
 
 __all__ = ["PostIn", "PublicationIn", "TierIn", "add_post", "add_publication", "add_tier", "update_post"]
@@ -96,9 +96,8 @@ def add_publication(
     session.flush()
     _aliases(session, data.external_ids, data.url, publication_id=row.id, post_id=None)
     _categories(session, row.id, data.categories)
-    for position, tier in enumerate(data.tiers):
-        _tier(session, row.id, tier, position)
-    _index_publication(session, row)
+    tiers = [_tier(session, row.id, tier, position) for position, tier in enumerate(data.tiers)]
+    _index_publication(session, row, [tier.id for tier in tiers])
     session.flush()
     if announce:
         emit_publication_updated(session, row, now=moment)
@@ -110,6 +109,7 @@ def add_tier(session: Session, publication_id: str, data: TierIn, *, now: dateti
     publication = _publication(session, publication_id)
     count = len(session.exec(select(TierRow.id).where(TierRow.publication_id == publication.id)).all())
     tier = _tier(session, publication.id, data, count)
+    add_publication_tier(session, publication.id, tier.id)
     publication.updated_at = now or utcnow()
     session.add(publication)
     session.flush()
@@ -152,7 +152,7 @@ def add_post(
         session.add(PostTierRow(post_id=row.id, tier_id=tier_id))
     _aliases(session, data.external_ids, data.url, publication_id=publication.id, post_id=row.id)
     _categories(session, row.id, data.categories)
-    _index_post(session, row)
+    _index_post(session, row, list(dict.fromkeys(data.tier_ids)))
     session.flush()
     if announce:
         emit_post_event(session, PostPublished, row, now=moment)
@@ -182,7 +182,7 @@ def update_post(session: Session, post_id: str, data: PostIn, *, now: datetime |
     for tier_id in dict.fromkeys(data.tier_ids):
         session.add(PostTierRow(post_id=row.id, tier_id=tier_id))
     _categories(session, row.id, data.categories)
-    _index_post(session, row)
+    _index_post(session, row, list(dict.fromkeys(data.tier_ids)))
     session.flush()
     emit_post_event(session, PostUpdated, row, now=moment)
     return row
@@ -224,11 +224,9 @@ def _check_tiers(session: Session, publication_id: str, tier_ids: list[str]) -> 
 def _aliases(
     session: Session, external_ids: list[str], url: str | None, *, publication_id: str, post_id: str | None
 ) -> None:
-    import re as _re
-
     names = list(external_ids) + ([f"url:{url}"] if url else [])
     for name in dict.fromkeys(names):
-        if not name.startswith("url:") and not _re.match(_ALIAS, name):
+        if not name.startswith("url:") and not re.match(_ALIAS, name):
             raise Refused("invalid_external_id", "External ids look like patreon:{id} or ghost:{id}.")
         if session.get(AliasRow, name) is not None:
             raise Conflict("external_id_taken", f"Something else already has the id {name[:120]}.")
@@ -240,7 +238,7 @@ def _categories(session: Session, doc_id: str, categories: list[str]) -> None:
         session.add(CategoryRow(doc_id=doc_id, category=category))
 
 
-def _index_publication(session: Session, row: PublicationRow) -> None:
+def _index_publication(session: Session, row: PublicationRow, tier_ids: list[str]) -> None:
     index_document(
         session,
         doc_id=row.id,
@@ -250,13 +248,14 @@ def _index_publication(session: Session, row: PublicationRow) -> None:
         language=row.language,
         free=False,
         categories=json.loads(row.categories),
+        tier_ids=tier_ids,
         title=row.name,
         summary=" ".join([row.description or "", *json.loads(row.categories)]),
         body="",
     )
 
 
-def _index_post(session: Session, row: PostRow) -> None:
+def _index_post(session: Session, row: PostRow, tier_ids: list[str]) -> None:
     index_document(
         session,
         doc_id=row.id,
@@ -266,6 +265,7 @@ def _index_post(session: Session, row: PostRow) -> None:
         language=row.language,
         free=row.free,
         categories=json.loads(row.categories),
+        tier_ids=tier_ids,
         title=row.title,
         summary=" ".join(
             [row.excerpt or "", row.teaser or "", row.author or "", *json.loads(row.categories)]

@@ -13,7 +13,7 @@ more is too broad to need its oldest matches ranked against its newest), so ``to
 most that many. Measured with ``bench/ucap.py`` at 100,000 posts: ranking every match of a common
 word on the whole text cost ~8 µs a document, 0.8 s a query. FTS5 ranks every match in C and is
 not capped. The index row carries what the filters read (date, language, free, categories on
-PostgreSQL), so most filters need no join.
+PostgreSQL, and the tiers that unlock a post or that a publication has), so filters need no join.
 """
 
 from __future__ import annotations
@@ -26,10 +26,19 @@ from typing import Any, Final
 import sqlalchemy as sa
 from sqlmodel import Session
 
-__all__ = ["CANDIDATES", "Hit", "Page", "SearchQuery", "index_document", "search", "touch_publication"]
+__all__ = [
+    "CANDIDATES",
+    "Hit",
+    "Page",
+    "SearchQuery",
+    "add_publication_tier",
+    "index_document",
+    "search",
+    "touch_publication",
+]
 
 #: Matches ranked per search on PostgreSQL (the newest); also the most ``total`` reports there.
-CANDIDATES: Final = 1000
+CANDIDATES: Final = 300
 _WORD: Final = re.compile(r"\w+", re.UNICODE)
 _MAX_WORDS: Final = 16
 
@@ -74,6 +83,7 @@ def index_document(
     language: str | None,
     free: bool,
     categories: list[str],
+    tier_ids: list[str],
     title: str,
     summary: str,
     body: str,
@@ -90,6 +100,7 @@ def index_document(
         "language": (language or "").lower() or None,
         "free": free if postgres else int(free),
         "categories": [c.lower() for c in categories],
+        "tier_ids": list(tier_ids),
         "title": title,
         "summary": summary,
         "body": body,
@@ -97,8 +108,9 @@ def index_document(
     if postgres:
         statement = (
             "INSERT INTO ucap_search (doc_id, kind, publication_id, published_at, language, free, "
-            "categories, headline, document) VALUES (:doc_id, :kind, :publication_id, :published_at, "
-            ":language, :free, :categories, setweight(to_tsvector('english', :title), 'A') || "
+            "categories, tier_ids, headline, document) VALUES (:doc_id, :kind, :publication_id, "
+            ":published_at, :language, :free, :categories, :tier_ids, "
+            "setweight(to_tsvector('english', :title), 'A') || "
             "setweight(to_tsvector('english', :summary), 'B'), "
             "setweight(to_tsvector('english', :title), 'A') || "
             "setweight(to_tsvector('english', :summary), 'B') || "
@@ -110,9 +122,20 @@ def index_document(
             "summary, body) VALUES (:doc_id, :kind, :publication_id, :published_at, :language, :free, "
             ":title, :summary, :body)"
         )
-    if not postgres:
-        del values["categories"]  # FTS5 filters through ucap_categories
+    if not postgres:  # FTS5 filters through ucap_categories and the tier tables
+        del values["categories"], values["tier_ids"]
     session.execute(sa.text(statement), values)
+
+
+def add_publication_tier(session: Session, publication_id: str, tier_id: str) -> None:
+    """A tier was added to the publication (PostgreSQL's rows list a publication's tiers)."""
+    if _postgres(session):
+        session.execute(
+            sa.text(
+                "UPDATE ucap_search SET tier_ids = array_append(tier_ids, :tier_id) WHERE doc_id = :doc_id"
+            ),
+            {"doc_id": publication_id, "tier_id": tier_id},
+        )
 
 
 def touch_publication(session: Session, publication_id: str, published_at: datetime) -> None:
@@ -232,16 +255,21 @@ def _filters(query: SearchQuery, params: dict[str, Any], t: str, postgres: bool)
     if query.price_max is not None:
         params["price_max"] = query.price_max
         params["currency"] = query.currency.upper()
-        free = f"{t}.free" if postgres else f"{t}.free = 1"
         monthly = (
             "(CASE t.interval WHEN 'year' THEN t.price_amount / 12 ELSE t.price_amount END) <= :price_max"
         )
-        where.append(
-            f"(({t}.kind = 'post' AND ({free} OR EXISTS (SELECT 1 FROM ucap_post_tiers pt JOIN ucap_tiers t "
-            f"ON t.id = pt.tier_id WHERE pt.post_id = {t}.doc_id AND t.currency = :currency AND {monthly}))) "
-            f"OR ({t}.kind = 'publication' AND EXISTS (SELECT 1 FROM ucap_tiers t WHERE t.publication_id = "
-            f"{t}.doc_id AND t.currency = :currency AND {monthly})))"
-        )
+        if postgres:  # the cheap tiers once (a few rows), then an array test per row
+            where.append(
+                f"({t}.free OR {t}.tier_ids && ARRAY(SELECT CAST(t.id AS text) FROM ucap_tiers t "
+                f"WHERE t.currency = :currency AND {monthly}))"
+            )
+        else:
+            where.append(
+                f"(({t}.kind = 'post' AND ({t}.free = 1 OR EXISTS (SELECT 1 FROM ucap_post_tiers pt JOIN "
+                f"ucap_tiers t ON t.id = pt.tier_id WHERE pt.post_id = {t}.doc_id AND t.currency = :currency "
+                f"AND {monthly}))) OR ({t}.kind = 'publication' AND EXISTS (SELECT 1 FROM ucap_tiers t "
+                f"WHERE t.publication_id = {t}.doc_id AND t.currency = :currency AND {monthly})))"
+            )
     return where
 
 

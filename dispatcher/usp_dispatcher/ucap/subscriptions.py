@@ -17,6 +17,7 @@ import hashlib
 import hmac
 import json
 import secrets
+import time
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Final, Literal
@@ -357,8 +358,6 @@ class OfferLinks:
         return cls(secret, base_url, ttl=settings.checkout_ttl_seconds)
 
     def link(self, agent: Agent, publication_id: str, tier_id: str, *, now: float | None = None) -> str:
-        import time
-
         expires = int((time.time() if now is None else now) + self.ttl)
         claims = {
             "d": agent.key_directory,
@@ -374,8 +373,6 @@ class OfferLinks:
 
     def open(self, token: str, *, now: float | None = None) -> tuple[Agent, str, str]:
         """The agent, publication and tier of a link; 400 when it is forged or stale."""
-        import time
-
         raw, _, mac = token.rpartition(".")
         if not raw or not hmac.compare_digest(mac, self._mac(raw)):
             raise invalid("This checkout link is not one this server made.")

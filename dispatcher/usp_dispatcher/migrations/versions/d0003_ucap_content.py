@@ -237,11 +237,13 @@ def _create_search_index() -> None:
             "CREATE TABLE ucap_search (doc_id varchar(128) PRIMARY KEY, kind varchar(16) NOT NULL, "
             "publication_id varchar(128) NOT NULL, published_at timestamptz NOT NULL, "
             "language varchar(35), free boolean NOT NULL, categories text[] NOT NULL, "
+            "tier_ids text[] NOT NULL, "
             "headline tsvector NOT NULL, document tsvector NOT NULL) WITH (toast_tuple_target = 128)"
         )
         op.execute("ALTER TABLE ucap_search ALTER COLUMN document SET STORAGE EXTERNAL")
         op.execute("ALTER TABLE ucap_search ALTER COLUMN headline SET STORAGE EXTERNAL")
         op.execute("ALTER TABLE ucap_search ALTER COLUMN categories SET STORAGE PLAIN")
+        op.execute("ALTER TABLE ucap_search ALTER COLUMN tier_ids SET STORAGE PLAIN")
         op.execute("CREATE INDEX ix_ucap_search_document ON ucap_search USING gin (document)")
         op.execute("CREATE INDEX ix_ucap_search_published_at ON ucap_search (published_at DESC)")
     else:
