@@ -14,7 +14,6 @@ from rich.console import Console
 from rich.table import Table
 
 from usp_workers import db
-from usp_workers.settings import Settings
 
 from .cli_admin import DEFAULT_URL, AdminClient, Token, Url
 
@@ -94,19 +93,16 @@ def subscriptions(
 def confirm(session_id: Annotated[str, typer.Argument(help="The checkout session id (chk_…).")]) -> None:
     """Complete a checkout session in the configured database, as the provider's webhook would:
     the subscription is activated and the entitlement granted, once."""
+    from .cli import load_settings, open_engine  # cli registers this module's commands
     from .ucap.answers import UcapError
     from .ucap.subscriptions import fulfil
 
-    settings = Settings()
-    engine = db.make_engine(settings)
     try:
-        with db.session(engine) as session:
+        with open_engine(load_settings()) as engine, db.session(engine) as session:
             done = fulfil(session, session_id)
     except UcapError as exc:
         console.print(f"{exc.code}: {exc.detail}", style="red", markup=False)
         raise typer.Exit(1) from None
-    finally:
-        engine.dispose()
     if done.granted:
         console.print(
             f"{session_id} paid: entitlement {done.entitlement_id} granted", markup=False, soft_wrap=True

@@ -25,7 +25,7 @@ from ..ucap.answers import Answer, UcapError
 from ..ucap.catalog import tier_view
 from ..ucap.publishing import PostIn, PublicationIn, TierIn, add_post, add_publication, add_tier, update_post
 from ..ucap.service import UcapService
-from ..ucap.subscriptions import SubscribeIn, checkout_of, subscribe
+from ..ucap.subscriptions import checkout_of
 from ..ucap.tables import CheckoutRow, PublicationRow, SubscriptionRow, SubscriptionStatus, TierRow
 from ..ucap.tools import UCAP_TOOLS
 
@@ -203,9 +203,8 @@ async def offer(request: Request, token: str) -> Response:
     the human to it."""
     service = service_of(request)
     agent, publication_id, tier_id = service.offers.open(token)
-    args = SubscribeIn(publisher_id=publication_id, tier_id=tier_id, payment_method="stripe")
-    answer = await service._db(
-        lambda s: subscribe(s, agent, args, settings=service.ucap, base_url=service.base_url)
+    answer = await service.subscribe(
+        agent, {"publisher_id": publication_id, "tier_id": tier_id, "payment_method": "stripe"}
     )
     return RedirectResponse(answer.body["checkout"]["url"], status_code=303)
 
@@ -274,16 +273,8 @@ async def stripe_webhook(request: Request) -> JSONResponse:
     stripe_session = event["data"]["object"].to_dict()
     if stripe_session.get("payment_status") != "paid":
         return JSONResponse({"received": True, "handled": False, "reason": "not paid"})
-    checkout_id = await service._db(lambda s: _checkout_by_stripe(s, str(stripe_session["id"])))
-    done = await service.confirm(checkout_id)
+    done = await service.confirm_provider_ref(str(stripe_session["id"]))
     return JSONResponse({"received": True, "handled": True, "granted": done.granted})
-
-
-def _checkout_by_stripe(session: Session, stripe_session_id: str) -> str:
-    row = session.exec(select(CheckoutRow).where(CheckoutRow.provider_ref == stripe_session_id)).first()
-    if row is None:
-        raise UcapError(404, "checkout_not_found", "No checkout has that Stripe session.")
-    return row.id
 
 
 def _checkout_rows(

@@ -23,6 +23,7 @@ from usp_workers.ssrf import Resolver
 from ..access import AccessError, Identity, verify_agent_signature
 from ..access.signatures import DirectoryCache, NonceCheck
 from .answers import UcapError, unauthorized
+from .tables import agent_id
 
 __all__ = ["Agent", "RateLimiter", "agent_of", "authenticate_agent"]
 
@@ -38,8 +39,6 @@ class Agent:
 
     @property
     def id(self) -> str:
-        from .tables import agent_id
-
         return agent_id(self.key_directory, self.key_thumbprint)
 
     def ref(self) -> dict[str, str]:

@@ -40,6 +40,7 @@ from .subscriptions import (
     OfferLinks,
     SubscribeIn,
     cancel_entitlement,
+    checkout_by_provider_ref,
     checkout_of,
     fulfil,
     list_entitlements,
@@ -181,6 +182,11 @@ class UcapService:
         """Complete a checkout session as its provider's webhook would (sandbox pages, the operator's
         ``payments confirm``)."""
         return await self._db(lambda s: fulfil(s, checkout_id))
+
+    async def confirm_provider_ref(self, provider_ref: str) -> Fulfilment:
+        """Complete the checkout a provider knows as ``provider_ref`` (a Stripe session id), as its
+        webhook asks; 404 ``checkout_not_found`` for one of no checkout here."""
+        return await self._db(lambda s: fulfil(s, checkout_by_provider_ref(s, provider_ref).id))
 
     async def _db(self, work: Callable[[Session], _T]) -> _T:
         return await anyio.to_thread.run_sync(partial(_in_session, self.engine, work))

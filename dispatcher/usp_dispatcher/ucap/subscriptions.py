@@ -56,6 +56,7 @@ __all__ = [
     "OfferLinks",
     "SubscribeIn",
     "cancel_entitlement",
+    "checkout_by_provider_ref",
     "checkout_of",
     "fulfil",
     "list_entitlements",
@@ -176,6 +177,13 @@ def checkout_of(session: Session, checkout_id: str) -> CheckoutRow:
     row = session.get(CheckoutRow, checkout_id)
     if row is None:
         raise not_found("No such checkout session.")
+    return row
+
+
+def checkout_by_provider_ref(session: Session, provider_ref: str) -> CheckoutRow:
+    row = session.exec(select(CheckoutRow).where(CheckoutRow.provider_ref == provider_ref)).first()
+    if row is None:
+        raise UcapError(404, "checkout_not_found", "No checkout has that provider reference.")
     return row
 
 
