@@ -55,9 +55,11 @@ __all__ = [
     "INVALID_PARAMS",
     "INVALID_REQUEST",
     "METHOD_NOT_FOUND",
+    "MISSING_FIELD",
     "PARSE_ERROR",
     "UNAUTHENTICATED",
     "ProtocolErrors",
+    "argument_error",
     "error_object",
     "protocol_error",
     "validation_text",
@@ -65,6 +67,9 @@ __all__ = [
 ]
 
 logger = logging.getLogger("usp_dispatcher.mcp")
+
+#: How the binding's example says an argument is missing (``-32600``).
+MISSING_FIELD: Final = "Missing required field"
 
 #: ``error.message`` of each code (SPEC-NOTES "MCP surface"): the wire contract's table.
 CODE_WORDS: Final = ERROR_CODE_WORDS
@@ -135,6 +140,39 @@ def validation_text(exc: ValidationError, *, limit: int = 5) -> str:
     return "; ".join(parts)
 
 
+def argument_error(exc: ValidationError) -> MCPError:
+    """The protocol error for a tool's bad arguments: a missing required one is the binding's own
+    example verbatim (``-32600 invalid_request``, "Missing required field: service_id"), any other
+    problem ``-32602 invalid_params`` naming the field, never the rejected input.
+
+    >>> from pydantic import BaseModel
+    >>> class M(BaseModel):
+    ...     service_id: str
+    ...     n: int = 0
+    >>> try:
+    ...     M.model_validate({"n": "x"})
+    ... except ValidationError as exc:
+    ...     argument_error(exc).error.model_dump()
+    {'code': -32600, 'message': 'invalid_request', 'data': {'content': 'Missing required field: service_id'}}
+    """
+    missing = [
+        ".".join(_shown_part(part) for part in error["loc"])
+        for error in exc.errors(include_input=False, include_url=False)
+        if error["type"] == "missing"
+    ]
+    if len(missing) == 1:
+        return protocol_error(INVALID_REQUEST, f"{MISSING_FIELD}: {missing[0]}")
+    if missing:
+        return protocol_error(INVALID_REQUEST, f"{MISSING_FIELD}s: {', '.join(missing[:10])}")
+    return protocol_error(INVALID_PARAMS, validation_text(exc))
+
+
+def bad_arguments(content: str) -> MCPError:
+    """``argument_error`` for a check made by hand: ``content`` starting with
+    :data:`MISSING_FIELD` is ``-32600``, anything else ``-32602``."""
+    return protocol_error(INVALID_REQUEST if content.startswith(MISSING_FIELD) else INVALID_PARAMS, content)
+
+
 def _shown_part(part: str | int) -> str:
     """A location part as shown: an argument's name is input too (a line separator in it breaks
     line-based readers; a pasted credential must not come back), so only short printable ones."""
@@ -152,7 +190,7 @@ class ProtocolErrors(ServerMiddleware[Any]):
             raise _ours(exc) from None
         except ValidationError as exc:
             # The SDK's own params models (``tools/call`` without a ``name`` …).
-            raise protocol_error(INVALID_PARAMS, validation_text(exc)) from None
+            raise argument_error(exc) from None
         except Exception:
             logger.exception("MCP %s failed", ctx.method)
             raise protocol_error(INTERNAL_ERROR) from None

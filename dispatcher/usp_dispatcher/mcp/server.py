@@ -12,7 +12,8 @@ drops it. A ``tools/call`` goes:
 3. for a privileged call by an authenticated principal that names a profile, the live-webhook
    hub learns this session speaks for it (the platform's events are then pushed to it as
    ``usp_webhook`` notifications);
-4. the arguments against the tool's model (``-32602`` with what is wrong, never the input);
+4. the arguments against the tool's model (a missing one ``-32600`` "Missing required field: X"
+   as the binding's example; anything else ``-32602`` with what is wrong, never the input);
 5. the handler (database work off the event loop), its answer in the dual envelope.
 
 Every error leaves through :class:`.protocol.ProtocolErrors`.
@@ -44,7 +45,14 @@ from ..ucap.settings import UcapSettings
 from ..ucap.tools import UCAP_TOOLS_BY_NAME
 from ..ucap.tools import list_entries as ucap_tool_entries
 from .live import LiveHub, LiveSend, notification_sender
-from .protocol import INVALID_PARAMS, METHOD_NOT_FOUND, ProtocolErrors, protocol_error, validation_text
+from .protocol import (
+    INVALID_PARAMS,
+    METHOD_NOT_FOUND,
+    ProtocolErrors,
+    argument_error,
+    protocol_error,
+    validation_text,
+)
 from .results import envelope
 from .tools import TOOLS, TOOLS_BY_NAME, ToolCall, ToolSpec, UspMeta, read_meta
 from .ucap import call_ucap_tool
@@ -128,7 +136,7 @@ def build_server(
         try:
             model = spec.arguments.model_validate({k: v for k, v in arguments.items() if k != "_meta"})
         except ValidationError as exc:
-            raise protocol_error(INVALID_PARAMS, validation_text(exc)) from None
+            raise argument_error(exc) from None
         call = ToolCall(engine, settings, caller, meta, _correlation_id(ctx, meta), resolver)
         body = await spec.handler(call, model)
         return envelope(body, capability=spec.capability)

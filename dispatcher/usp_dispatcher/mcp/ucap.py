@@ -19,7 +19,7 @@ from ..ucap.agents import Agent, agent_of
 from ..ucap.answers import Answer, UcapError
 from ..ucap.service import UcapService
 from ..ucap.tools import tool_result
-from .protocol import INVALID_PARAMS, UNAUTHENTICATED, protocol_error
+from .protocol import MISSING_FIELD, UNAUTHENTICATED, bad_arguments, protocol_error
 
 __all__ = ["call_ucap_tool"]
 
@@ -34,7 +34,8 @@ async def call_ucap_tool(
     service: UcapService, name: str, arguments: Mapping[str, Any], identity: Identity | None
 ) -> types.CallToolResult:
     """Run UCAP tool ``name`` for the agent ``identity`` proves; protocol errors for a missing
-    signature (-32001) and bad arguments (-32602), results for everything the HTTP API answers."""
+    signature (-32001) and bad arguments (-32600 for a missing one, else -32602), results for
+    everything the HTTP API answers."""
     agent = agent_of(identity)
     if agent is None:
         raise protocol_error(UNAUTHENTICATED, _NO_AGENT)
@@ -44,7 +45,7 @@ async def call_ucap_tool(
         answer = await _dispatch(service, agent, name, given)
     except UcapError as exc:
         if exc.status == 400:
-            raise protocol_error(INVALID_PARAMS, exc.detail) from None
+            raise bad_arguments(exc.detail) from None
         if exc.status == 403:
             raise protocol_error(UNAUTHENTICATED, exc.detail) from None
         return tool_result(name, exc.status, {"error": {"code": exc.code, "message": exc.detail}})
@@ -70,7 +71,7 @@ def _ids(arguments: Mapping[str, Any]) -> tuple[str, str]:
     for field in ("publisher_id", "post_id"):
         value = arguments.get(field)
         if value is None:
-            raise UcapError(400, "invalid_request", f"Missing required field: {field}")
+            raise UcapError(400, "invalid_request", f"{MISSING_FIELD}: {field}")
         if not isinstance(value, str) or not 0 < len(value) <= 128:
             raise UcapError(400, "invalid_request", f"{field} must be a string of 1 to 128 characters")
     unknown = sorted(set(arguments) - {"publisher_id", "post_id"})

@@ -31,7 +31,15 @@ from usp_receiver import SigningKey
 
 from ..access.signatures import web_bot_auth_headers
 from ..ucap.tools import UCAP_TOOLS_BY_NAME, list_entries, tool_result
-from .protocol import INTERNAL_ERROR, INVALID_PARAMS, UNAUTHENTICATED, ProtocolErrors, protocol_error
+from .protocol import (
+    INTERNAL_ERROR,
+    INVALID_PARAMS,
+    MISSING_FIELD,
+    UNAUTHENTICATED,
+    ProtocolErrors,
+    bad_arguments,
+    protocol_error,
+)
 from .stdio import stdio_transport
 
 __all__ = ["AgentClient", "build_agent_server", "load_agent_key", "run_agent_stdio"]
@@ -120,7 +128,7 @@ def build_agent_server(client: AgentClient) -> Server[Any]:
                 INTERNAL_ERROR, f"The UCAP server at {client.api} could not be reached."
             ) from None
         if status == 400:
-            raise protocol_error(INVALID_PARAMS, _detail(body))
+            raise bad_arguments(_detail(body))
         if status == 403:
             raise protocol_error(UNAUTHENTICATED, _detail(body))
         return tool_result(params.name, status, body)
@@ -163,7 +171,7 @@ async def _serve(
 def _text(arguments: dict[str, Any], field: str) -> str:
     value = arguments.get(field)
     if value is None:
-        raise protocol_error(INVALID_PARAMS, f"Missing required field: {field}")
+        raise bad_arguments(f"{MISSING_FIELD}: {field}")
     if not isinstance(value, str) or not 0 < len(value) <= 128:
         raise protocol_error(INVALID_PARAMS, f"{field} must be a string of 1 to 128 characters")
     return value

@@ -145,7 +145,12 @@ async def test_must_4_json_rpc_errors_only_for_protocol_errors(
 ) -> None:
     async with connect(mcp_engine, settings) as client:
         # Malformed: an error, with the code word and the text.
-        await refused(client, "usp_bookings_create", {"service_id": HAIRCUT, **usp(key=acme_key)}, -32602)
+        missing = {"service_id": HAIRCUT, "buyer": BOB, **usp(key=acme_key)}
+        assert (
+            await refused(client, "usp_bookings_create", missing, -32600) == "Missing required field: slot_id"
+        )
+        wrong = {"service_id": HAIRCUT, "slot_id": 7, "buyer": BOB, **usp(key=acme_key)}
+        await refused(client, "usp_bookings_create", wrong, -32602)
         # Well-formed but refused by the business: never an error.
         slot = (await free_slots(client))[0]
         await book(client, slot["id"], key=acme_key)

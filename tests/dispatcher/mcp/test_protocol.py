@@ -29,8 +29,18 @@ async def test_bad_arguments_are_invalid_params_without_echoing_the_input(
 ) -> None:
     secret = "sk_live_do_not_echo_me"
     async with connect(mcp_engine, settings) as client:
-        missing = await refused(client, "usp_availability_query", {"service_id": HAIRCUT}, -32602)
-        assert "start_date" in missing
+        # A missing argument: the binding's own example, verbatim.
+        missing = await refused(
+            client, "usp_availability_query", {"service_id": HAIRCUT, "end_date": "x"}, -32600
+        )
+        assert missing == "Missing required field: start_date"
+        assert await refused(client, "usp_availability_query", {"start_date": "2026-01-01"}, -32600) == (
+            "Missing required fields: service_id, end_date"
+        )
+        nested = {"service_id": HAIRCUT, "slot_id": "s", "buyer": {"last_name": "Q"}, **usp(key=acme_key)}
+        assert await refused(client, "usp_bookings_create", nested, -32600) == (
+            "Missing required field: buyer.first_name"
+        )
         wrong = await refused(
             client,
             "usp_availability_query",
@@ -127,6 +137,8 @@ async def test_an_unexpected_argument_name_is_not_echoed_when_unprintable_or_lon
     secret = "sk_live_" + "x" * 200
     async with connect(mcp_engine, settings) as client:
         for name in ("\x85", "a\nb", secret):
-            text = await refused(client, "usp_availability_query", {name: None, **window()}, -32602)
+            text = await refused(
+                client, "usp_availability_query", {name: None, "service_id": HAIRCUT, **window()}, -32602
+            )
             assert name not in text
             assert text.isprintable()

@@ -108,7 +108,9 @@ async def test_malformed_lines_are_answered_not_dropped(
         initialized = await raw.request(2, "initialize", INITIALIZE)
         assert initialized["result"]["serverInfo"]["name"] == "usp-dispatcher"
         await raw.send(json.dumps({"jsonrpc": "2.0", "method": "notifications/initialized"}))
-        _error(await raw.request(3, "tools/call", {"arguments": {}}), -32602, "invalid_params", 3)
+        missing_name = await raw.request(3, "tools/call", {"arguments": {}})
+        _error(missing_name, -32600, "invalid_request", 3)
+        assert missing_name["error"]["data"]["content"] == "Missing required field: params.name"
         _error(
             await raw.request(4, "tools/call", {"name": "nope", "arguments": {}}),
             -32601,

@@ -155,7 +155,6 @@ async def test_remote_tools_refuse_an_unsigned_caller_and_bad_arguments(base_url
         ("search_catalog", {"filters": {"recency": "1y"}}),
         ("subscribe", {"publisher_id": DEMO_PUBLICATION, "tier_id": PRO, "payment_method": "paypal"}),
         ("subscribe", {"publisher_id": DEMO_PUBLICATION, "tier_id": "tier_carnet_membre"}),
-        ("read_content", {"publisher_id": DEMO_PUBLICATION}),
     ]
     async with over_http(base_url, alice) as client:
         for name, arguments in bad:
@@ -163,6 +162,10 @@ async def test_remote_tools_refuse_an_unsigned_caller_and_bad_arguments(base_url
                 await client.call_tool(name, arguments)
             assert caught.value.error.code == -32602, (name, arguments)
             assert "Traceback" not in str(caught.value.error.data)
+        with pytest.raises(MCPError) as caught:  # the USP binding's example, for UCAP tools too
+            await client.call_tool("read_content", {"publisher_id": DEMO_PUBLICATION})
+        assert caught.value.error.code == -32600
+        assert caught.value.error.data == {"content": "Missing required field: post_id"}
         missing = await client.call_tool(
             "read_content", {"publisher_id": DEMO_PUBLICATION, "post_id": "post_nope"}
         )
@@ -221,7 +224,8 @@ async def test_agent_side_stdio_server_signs_every_call(
         assert entitlements.structured_content == {"entitlements": []}
         with pytest.raises(MCPError) as caught:
             await client.call_tool("read_content", {"post_id": DEMO_PAID_POST})
-        assert caught.value.error.code == -32602
+        assert caught.value.error.code == -32600
+        assert caught.value.error.data == {"content": "Missing required field: publisher_id"}
     assert "alice" in registry.fetches  # the API fetched the agent's key set from its JWKS URL
 
 
