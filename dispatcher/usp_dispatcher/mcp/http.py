@@ -16,6 +16,8 @@ Starlette's ``request.state`` is that scope's ``"state"`` dict. The identity is 
 the SDK as the scope's ``user``, which is how its session manager binds a session to the
 credential that opened it: a request for that session with another credential (or none) is
 answered 404, as if the session did not exist, so nobody else can read its notification stream.
+A body that is not JSON, or not a JSON-RPC message, is answered here (HTTP 400, ``-32700`` or
+``-32600`` with ``data.content``) by the check stdio uses, :func:`.protocol.parse_message`.
 
 Resumability is per session (:class:`.event_store.SessionEventStore`, see there for why a shared
 store would leak). The SDK passes one store to every session's transport; the manager subclass
@@ -44,6 +46,7 @@ from typing import Any, Final
 from urllib.parse import urlsplit
 
 import anyio
+import mcp_types as types
 from fastapi import FastAPI
 from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser, AuthorizationContext
 from mcp.server.auth.provider import AccessToken
@@ -69,7 +72,7 @@ from ..access.nonces import database_nonces
 from ..access.signatures import NonceCheck
 from .event_store import DEFAULT_MAX_AGE, DEFAULT_MAX_EVENTS, SessionEventStore
 from .live import DEFAULT_POLL_INTERVAL, LiveHub
-from .protocol import INTERNAL_ERROR, error_object
+from .protocol import INTERNAL_ERROR, error_object, parse_message
 from .server import build_server
 
 __all__ = ["HTTP_SESSION_PREFIX", "MCP_PATH", "MCPEndpoint", "ServerFactory", "default_security", "mount_mcp"]
@@ -244,6 +247,14 @@ class MCPEndpoint:
             logger.exception("MCP request authentication failed")
             await _rpc_error(500, INTERNAL_ERROR, request_id=_request_id(body))(scope, receive, send)
             return
+        if request.method == "POST":
+            parsed = parse_message(body)
+            if isinstance(parsed, types.JSONRPCError):
+                # Answered here, as stdio answers a broken line: the SDK's own answers to these
+                # are not in the binding's shape (a -32602 that echoes the input, among others).
+                answer = parsed.model_dump(mode="json", by_alias=True, exclude_unset=True)
+                await JSONResponse(answer, status_code=400)(scope, receive, send)
+                return
         scope.setdefault("state", {})["usp_identity"] = identity
         if identity is not None:
             # The SDK binds a session to the credential that opened it through the scope's

@@ -29,9 +29,11 @@ in ``tools/call``), so a name it does not know is a method this server does not 
 
 from __future__ import annotations
 
+import json
 import logging
 from typing import Any, Final
 
+import mcp_types as types
 from mcp.server.context import CallNext, HandlerResult, ServerMiddleware, ServerRequestContext
 from mcp.shared.exceptions import MCPError
 from mcp_types import ErrorData
@@ -61,6 +63,7 @@ __all__ = [
     "ProtocolErrors",
     "argument_error",
     "error_object",
+    "parse_message",
     "protocol_error",
     "validation_text",
     "wire_error",
@@ -217,3 +220,45 @@ def _is_ours(exc: MCPError) -> bool:
         and isinstance(data.get("content"), str)
         and exc.message == CODE_WORDS.get(exc.code)
     )
+
+
+def parse_message(text: str | bytes) -> types.JSONRPCMessage | types.JSONRPCError:
+    """The JSON-RPC message in ``text`` (a stdio line, an HTTP body), or the error that answers it:
+    ``-32700`` when it is not JSON, ``-32600`` when it is JSON but not a JSON-RPC message (with
+    its ``id`` when one can be read). Both transports answer broken input through this one check.
+
+    >>> parse_message("{not json").error.message
+    'parse_error'
+    >>> error = parse_message('{"jsonrpc": "2.0", "id": 7, "method": 42}')
+    >>> error.id, error.error.code
+    (7, -32600)
+    """
+    try:
+        document = json.loads(text, parse_constant=_no_constants)
+    except ValueError:
+        return _error(None, PARSE_ERROR)
+    try:
+        message: types.JSONRPCMessage = types.jsonrpc_message_adapter.validate_python(document, by_name=False)
+    except ValidationError:
+        return _error(_request_id(document), INVALID_REQUEST)
+    return message
+
+
+def _error(request_id: Any, code: int) -> types.JSONRPCError:
+    return types.JSONRPCError(
+        jsonrpc="2.0", id=request_id, error=types.ErrorData.model_validate(error_object(code))
+    )
+
+
+def _request_id(document: Any) -> int | str | None:
+    """The id of a broken request, when it is one JSON-RPC allows (a string or an integer)."""
+    if not isinstance(document, dict):
+        return None
+    candidate = document.get("id")
+    if isinstance(candidate, bool) or not isinstance(candidate, int | str):
+        return None
+    return candidate
+
+
+def _no_constants(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")

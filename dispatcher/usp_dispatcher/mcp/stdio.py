@@ -5,6 +5,7 @@ JSON, or not a JSON-RPC message, into an exception its dispatcher logs and drops
 waits forever for an answer. Here such a line is answered, as JSON-RPC 2.0 asks: ``-32700
 parse_error`` when it is not JSON, ``-32600 invalid_request`` when it is JSON but not a JSON-RPC
 message (with the request's ``id`` when one can be read, else ``null``). Blank lines are skipped.
+When stdin closes, every request read before is still answered (``cat session.jsonl | …``).
 Every error the server writes passes :func:`.protocol.wire_error`, so the few the SDK makes before
 our middleware runs (the protocol-era check) carry our code words too.
 
@@ -16,20 +17,18 @@ notifications.
 
 from __future__ import annotations
 
-import json
 import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from functools import partial
 from io import TextIOWrapper
-from typing import Any
+from typing import Final
 
 import anyio
 import anyio.to_thread
 import mcp_types as types
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 from mcp.shared.message import SessionMessage
-from pydantic import ValidationError
 from sqlalchemy.engine import Engine
 
 from usp_workers import db, keys, tasks
@@ -38,10 +37,13 @@ from usp_workers.settings import Settings
 from .. import database
 from ..domain import ensure_demo_catalog
 from .live import LiveHub
-from .protocol import INVALID_REQUEST, PARSE_ERROR, error_object, wire_error
+from .protocol import parse_message, wire_error
 from .server import build_server
 
-__all__ = ["parse_line", "run_stdio", "serve_stdio", "stdio_transport"]
+__all__ = ["DRAIN_TIMEOUT", "run_stdio", "serve_stdio", "stdio_transport"]
+
+#: Seconds the server still works on requests read before stdin closed.
+DRAIN_TIMEOUT: Final = 60.0
 
 
 def run_stdio(settings: Settings) -> None:
@@ -80,7 +82,10 @@ async def serve_stdio(
 
 @asynccontextmanager
 async def stdio_transport(
-    stdin: anyio.AsyncFile[str] | None = None, stdout: anyio.AsyncFile[str] | None = None
+    stdin: anyio.AsyncFile[str] | None = None,
+    stdout: anyio.AsyncFile[str] | None = None,
+    *,
+    drain_timeout: float = DRAIN_TIMEOUT,
 ) -> AsyncIterator[
     tuple[MemoryObjectReceiveStream[SessionMessage | Exception], MemoryObjectSendStream[SessionMessage]]
 ]:
@@ -96,16 +101,29 @@ async def stdio_transport(
             await sink.write(text + "\n")
             await sink.flush()
 
+    # Requests read but not yet answered. The SDK's server stops, cancelling whatever is in
+    # flight, as soon as its read stream ends; so the stream stays open after stdin's EOF until
+    # each of them is answered (or ``drain_timeout`` passes), and a piped session gets every answer.
+    pending: set[types.RequestId] = set()
+    drained = anyio.Event()
+
     async def read_lines() -> None:
+        nonlocal drained
         async with inbound_send:
             async for line in source:
                 if not line.strip():
                     continue
-                parsed = parse_line(line)
+                parsed = parse_message(line)
                 if isinstance(parsed, types.JSONRPCError):
                     await write_line(parsed.model_dump_json(by_alias=True, exclude_unset=True))
-                else:
-                    await inbound_send.send(SessionMessage(parsed))
+                    continue
+                if isinstance(parsed, types.JSONRPCRequest):
+                    pending.add(parsed.id)
+                await inbound_send.send(SessionMessage(parsed))
+            with anyio.move_on_after(drain_timeout):
+                while pending:
+                    drained = anyio.Event()
+                    await drained.wait()
 
     async def write_messages() -> None:
         async with outbound_receive:
@@ -114,6 +132,12 @@ async def stdio_transport(
                 if isinstance(outgoing, types.JSONRPCError):  # also those made outside the middleware
                     outgoing = outgoing.model_copy(update={"error": wire_error(outgoing.error)})
                 await write_line(outgoing.model_dump_json(by_alias=True, exclude_unset=True))
+                if (
+                    isinstance(outgoing, types.JSONRPCResponse | types.JSONRPCError)
+                    and outgoing.id in pending
+                ):
+                    pending.discard(outgoing.id)
+                    drained.set()
 
     async with anyio.create_task_group() as tg:
         tg.start_soon(read_lines)
@@ -122,46 +146,6 @@ async def stdio_transport(
             yield inbound_receive, outbound_send
         finally:
             tg.cancel_scope.cancel()
-
-
-def parse_line(line: str) -> types.JSONRPCMessage | types.JSONRPCError:
-    """The message on ``line``, or the error that answers it.
-
-    >>> parse_line("{not json").error.message
-    'parse_error'
-    >>> error = parse_line('{"jsonrpc": "2.0", "id": 7, "method": 42}')
-    >>> error.id, error.error.code
-    (7, -32600)
-    """
-    try:
-        document = json.loads(line, parse_constant=_no_constants)
-    except ValueError:
-        return _error(None, PARSE_ERROR)
-    try:
-        message: types.JSONRPCMessage = types.jsonrpc_message_adapter.validate_python(document, by_name=False)
-    except ValidationError:
-        return _error(_request_id(document), INVALID_REQUEST)
-    return message
-
-
-def _error(request_id: Any, code: int) -> types.JSONRPCError:
-    return types.JSONRPCError(
-        jsonrpc="2.0", id=request_id, error=types.ErrorData.model_validate(error_object(code))
-    )
-
-
-def _request_id(document: Any) -> int | str | None:
-    """The id of a broken request, when it is one JSON-RPC allows (a string or an integer)."""
-    if not isinstance(document, dict):
-        return None
-    candidate = document.get("id")
-    if isinstance(candidate, bool) or not isinstance(candidate, int | str):
-        return None
-    return candidate
-
-
-def _no_constants(name: str) -> Any:
-    raise ValueError(f"{name} is not JSON")
 
 
 def _prepare_database(engine: Engine, settings: Settings) -> None:

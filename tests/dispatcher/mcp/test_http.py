@@ -149,6 +149,31 @@ def raw_session(base_url: str, acme_key: str) -> Iterator[RawSession]:
     session.http.close()
 
 
+def test_broken_bodies_get_the_binding_errors_as_over_stdio(raw_session: RawSession) -> None:
+    secret = "sk_live_do_not_echo_me"
+    for body, code, word, id_ in (
+        ("{this is not json", -32700, "parse_error", None),
+        (b"\xff\xfe{", -32700, "parse_error", None),
+        ('{"jsonrpc": "2.0", "id": 1, "method": NaN}', -32700, "parse_error", None),
+        ("[1, 2, 3]", -32600, "invalid_request", None),
+        (json.dumps({"jsonrpc": "2.0", "id": 7, "method": {"x": secret}}), -32600, "invalid_request", 7),
+        (json.dumps({"jsonrpc": "1.0", "id": "a", "method": "ping"}), -32600, "invalid_request", "a"),
+        (json.dumps({"hello": secret}), -32600, "invalid_request", None),
+    ):
+        response = raw_session.http.post("/mcp", content=body, headers={"Content-Type": "application/json"})
+        assert response.status_code == 400, response.text
+        answer = response.json()
+        assert answer["jsonrpc"] == "2.0"
+        assert answer["id"] == id_
+        assert answer["error"]["code"] == code
+        assert answer["error"]["message"] == word
+        assert set(answer["error"]["data"]) == {"content"}
+        assert secret not in response.text
+    # The session still answers afterwards.
+    answer, _ = raw_session.post("tools/call", {"name": "usp_catalog_list", "arguments": {}})
+    assert answer["result"]["structuredContent"]["services"]
+
+
 _json = st.recursive(
     st.none() | st.booleans() | st.integers(-(2**60), 2**60) | st.text(max_size=40),
     lambda children: (

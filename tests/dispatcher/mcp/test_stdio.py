@@ -20,7 +20,7 @@ from usp_dispatcher.domain.tables import BookingRow
 from usp_workers import db
 
 from .conftest import stdio_parameters
-from .support import PROFILE, book, free_slots, ok
+from .support import ALICE, HAIRCUT, PROFILE, book, free_slots, ok, usp, window
 
 pytestmark = pytest.mark.anyio
 
@@ -123,6 +123,68 @@ async def test_malformed_lines_are_answered_not_dropped(
         await raw.stdin.aclose()
         with anyio.fail_after(_PATIENCE):
             assert await process.wait() == 0
+
+
+def _piped(env: dict[str, str], cwd: Path, *messages: dict[str, Any]) -> dict[int, dict[str, Any]]:
+    """Run ``usp-webhooks mcp`` with ``messages`` piped in at once (stdin closes after the last
+    one, as ``cat session.jsonl | usp-webhooks mcp`` does); its answers by id."""
+    import subprocess
+
+    lines = "".join(json.dumps(m) + "\n" for m in messages)
+    done = subprocess.run(
+        [sys.executable, "-m", "usp_dispatcher.cli", "mcp"],
+        input=lines.encode(),
+        capture_output=True,
+        env={**_base_env(), **env},
+        cwd=str(cwd),
+        timeout=_PATIENCE,
+        check=True,
+    )
+    answers = [json.loads(line) for line in done.stdout.decode().splitlines() if line.strip()]
+    return {a["id"]: a for a in answers if "id" in a}
+
+
+async def test_a_piped_session_is_answered_in_full_after_stdin_closes(
+    mcp_engine: Engine, stdio_env: dict[str, str], tmp_path: Path, acme_key: str
+) -> None:
+    def call(id_: int, name: str, arguments: dict[str, Any]) -> dict[str, Any]:
+        return {
+            "jsonrpc": "2.0",
+            "id": id_,
+            "method": "tools/call",
+            "params": {"name": name, "arguments": arguments},
+        }
+
+    opening = (
+        {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": INITIALIZE},
+        {"jsonrpc": "2.0", "method": "notifications/initialized"},
+    )
+    first = await anyio.to_thread.run_sync(
+        lambda: _piped(
+            stdio_env,
+            tmp_path,
+            *opening,
+            call(2, "usp_availability_query", {"service_id": HAIRCUT, **window()}),
+        )
+    )
+    assert sorted(first) == [1, 2]
+    assert "result" in first[2], first[2]
+    slots = first[2]["result"]["structuredContent"]["slots"]
+    booking = {"service_id": HAIRCUT, "buyer": ALICE, **usp(key=acme_key)}
+    second = await anyio.to_thread.run_sync(
+        lambda: _piped(
+            stdio_env,
+            tmp_path,
+            *opening,
+            call(2, "usp_bookings_create", {**booking, "slot_id": slots[0]["id"]}),
+            call(3, "usp_bookings_create", {**booking, "slot_id": slots[1]["id"]}),
+        )
+    )
+    assert sorted(second) == [1, 2, 3]
+    made = [second[i]["result"]["structuredContent"]["booking"]["id"] for i in (2, 3)]
+    with db.session(mcp_engine) as session:
+        rows = session.exec(select(BookingRow)).all()
+    assert sorted(r.id for r in rows) == sorted(made)
 
 
 async def test_the_official_client_books_over_stdio_with_credentials_in_meta(
