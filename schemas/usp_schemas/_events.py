@@ -77,7 +77,9 @@ class EventEnvelope(WireModel):
     model_config = ConfigDict(json_schema_extra=always_sent("event"))
 
     event: str
-    event_id: EventId = Field(description="evt_ + ULID or UUIDv7; stable across retries: the dedupe key")
+    event_id: EventId = Field(
+        description="producer-chosen, 1-80 of A-Z a-z 0-9 _ -; stable across retries: the dedupe key"
+    )
     timestamp: UtcTimestamp = Field(description="when the change happened, RFC 3339 in UTC")
     version: UspVersion = USP_VERSION
     order_id: str | None = Field(default=None, min_length=1, description="the UCP order, when known")

@@ -25,13 +25,11 @@ __all__ = [
     "WaitlistEntryId",
 ]
 
-#: ``evt_`` + a ULID (26 Crockford base32 chars), UUIDv7 hex (32 chars) or any other opaque
-#: alphanumeric id of 10..64 chars; the hyphenated UUID form is accepted too. Short or punctuated
-#: ids are refused: ``event_id`` is the dedupe key and must be unique across a business's history.
-EVENT_ID_PATTERN = (
-    r"^evt_(?:[0-9A-Za-z]{10,64}"
-    r"|[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12})$"
-)
+#: A producer-chosen event id: 1 to 80 characters of ``A-Z a-z 0-9 _ -``, starting with a letter or
+#: digit (``evt_789abc`` as the binding's example, a ULID, a UUID, ``evt_`` + UUIDv7 hex as this
+#: project makes them). Safe in a URL path, a log line and a header; nothing depends on its layout
+#: (dedupe compares whole ids, listings order by acceptance time).
+EVENT_ID_PATTERN = r"^[0-9A-Za-z][0-9A-Za-z_-]{0,79}$"
 
 _ID_BODY = r"[0-9A-Za-z_-]{1,120}$"
 

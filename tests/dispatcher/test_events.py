@@ -15,6 +15,7 @@ from usp_dispatcher.routes.events import MAX_EVENT_BYTES
 from usp_workers import db
 from usp_workers.models import Delivery, EventRecord
 
+from ..schemas.samples import booking
 from .conftest import ADMIN
 from .support import assert_problem, event, subscribe
 
@@ -51,6 +52,27 @@ def test_emits_one_delivery_per_matching_subscription(client: TestClient, engine
     assert response.json()["deliveries"] == 2
     targets = {d.subscription_id for d in deliveries_of(engine, joined["event_id"])}
     assert targets == {waitlist["id"], everything["id"]}
+
+
+def test_the_binding_example_envelope_is_accepted_as_written(client: TestClient, engine: Engine) -> None:
+    """The binding's REST webhook body, its top-level fields verbatim (``evt_789abc`` included),
+    with a whole booking as ``data`` where the example elides it."""
+    subscribe(client, HOOK + "bookings", ["booking.*"])
+    body = {
+        "event": "booking.confirmed",
+        "event_id": "evt_789abc",
+        "booking_id": "bkg_456def",
+        "order_id": "ord_ucp_001",
+        "timestamp": "2026-03-14T22:06:00Z",
+        "data": booking("confirmed"),
+    }
+    response = client.post("/events", json=body, headers=ADMIN)
+    assert response.status_code == 202, response.text
+    assert response.json() == {"event_id": "evt_789abc", "deliveries": 1}
+    assert client.post("/events", json=body, headers=ADMIN).status_code == 200  # deduped on the id
+    assert len(deliveries_of(engine, "evt_789abc")) == 1
+    listed = client.get("/admin/events", headers=ADMIN).json()
+    assert [e["id"] for e in listed["items"]] == ["evt_789abc"]
 
 
 def test_event_without_subscribers_is_recorded(client: TestClient, engine: Engine) -> None:

@@ -346,12 +346,21 @@ def decode_cursor(cursor: str) -> str:
 def list_events(
     session: Session, filters: EventFilter, *, cursor: str | None = None, limit: int = 50
 ) -> Page[EventSummary]:
-    """Events matching ``filters``, newest first, with their delivery counts per status."""
+    """Events matching ``filters``, newest accepted first, with their delivery counts per status.
+
+    Ordered by acceptance time, then id: ids are the producer's (any layout), so their order says
+    nothing about time."""
     _check_range(filters.since, filters.until)
     limit = _clamp(limit)
-    statement = sa.select(_events).order_by(_events.c.id.desc()).limit(limit + 1)
+    statement = sa.select(_events).order_by(_events.c.created_at.desc(), _events.c.id.desc()).limit(limit + 1)
     if cursor is not None:
-        statement = statement.where(_events.c.id < decode_cursor(cursor))
+        after_time, after_id = _event_position(decode_cursor(cursor))
+        statement = statement.where(
+            sa.or_(
+                _events.c.created_at < after_time,
+                sa.and_(_events.c.created_at == after_time, _events.c.id < after_id),
+            )
+        )
     if filters.event_type is not None:
         statement = statement.where(_events.c.event_type == filters.event_type)
     if filters.subject_id is not None:
@@ -371,7 +380,20 @@ def list_events(
     rows = rows[:limit]
     counts = _delivery_counts(session, [row.id for row in rows])
     items = [_summary(row, counts.get(row.id, {})) for row in rows]
-    return Page(items, encode_cursor(rows[-1].id) if more else None)
+    last = rows[-1] if rows else None
+    return Page(items, encode_cursor(f"{last.created_at.isoformat()}|{last.id}") if more and last else None)
+
+
+def _event_position(position: str) -> tuple[datetime, str]:
+    """(acceptance time, id) of an events cursor; :class:`InvalidRequest` when it is not one."""
+    when, _, event_id = position.partition("|")
+    try:
+        moment = datetime.fromisoformat(when)
+    except ValueError:
+        raise InvalidRequest("invalid_cursor", "the cursor is not one this service issued") from None
+    if not event_id or moment.tzinfo is None:
+        raise InvalidRequest("invalid_cursor", "the cursor is not one this service issued")
+    return moment, event_id
 
 
 def event_detail(session: Session, event_id: str) -> EventDetail:
