@@ -2,7 +2,8 @@
 
 A platform holding an MCP session open (stdio, or a stateful Streamable HTTP session) hears about
 its bookings the moment they change, as ``usp_webhook`` JSON-RPC notifications whose ``params``
-are the event envelope signed in-band (``_meta.usp.signature``, SPEC-NOTES). The tool layer
+are the event envelope signed in-band (``_meta.usp.signature``, SPEC-NOTES), its join id echoed in
+``_meta.usp.correlation_id``. The tool layer
 attaches a session to a profile once a privileged call authorized it (:meth:`LiveHub.attach`);
 :meth:`LiveHub.run` tails the events table and sends each session what its profile's active
 subscriptions ask for (:func:`~usp_workers.outbox.event_matches`) and the event's audience allows
@@ -81,6 +82,21 @@ DEFAULT_LOOKBACK: Final = 5.0
 DEFAULT_QUEUE_SIZE: Final = 1000
 
 _UspWebhook = types.Notification[dict[str, Any], str]
+
+
+def with_correlation(envelope: dict[str, Any]) -> dict[str, Any]:
+    """The notification's ``params``: ``envelope`` with its join id also in
+    ``_meta.usp.correlation_id``, where MCP participants carry it (the binding, section 9.7).
+
+    >>> with_correlation({"event_id": "e", "correlation_id": "c"})["_meta"]
+    {'usp': {'correlation_id': 'c'}}
+    >>> "_meta" in with_correlation({"event_id": "e"})
+    False
+    """
+    correlation_id = envelope.get("correlation_id")
+    if not isinstance(correlation_id, str):
+        return envelope
+    return {**envelope, "_meta": {"usp": {"correlation_id": correlation_id}}}
 
 
 def notification_sender(session: ServerSession) -> LiveSend:
@@ -228,7 +244,7 @@ class LiveHub:
                 logger.error("live webhooks: no signing key; event %s not pushed to live sessions", record.id)
                 continue
             try:
-                params = sign_notification_params(json.loads(record.payload), batch.key)
+                params = sign_notification_params(with_correlation(json.loads(record.payload)), batch.key)
             except ValueError:  # not JSON, or outside what JCS can sign: the hub must go on
                 logger.exception("live webhooks: event %s cannot be signed in-band; not pushed", record.id)
                 continue

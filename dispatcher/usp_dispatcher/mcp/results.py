@@ -28,8 +28,11 @@ CAPABILITIES: Final[dict[str, str]] = {
 }
 
 
-def envelope(body: Mapping[str, Any], *, capability: str) -> types.CallToolResult:
-    """The ``tools/call`` result of ``body`` (a structured answer: ``usp``, data, ``messages``)."""
+def envelope(
+    body: Mapping[str, Any], *, capability: str, correlation_id: str | None = None
+) -> types.CallToolResult:
+    """The ``tools/call`` result of ``body`` (a structured answer: ``usp``, data, ``messages``),
+    echoing the request's join id as ``_meta.usp.correlation_id`` when it had one."""
     structured = dict(body)
     structured["usp"] = {
         **dict(structured.get("usp") or {}),
@@ -40,6 +43,7 @@ def envelope(body: Mapping[str, Any], *, capability: str) -> types.CallToolResul
     return types.CallToolResult(
         content=[types.TextContent(type="text", text=summary(structured))],
         structured_content=structured,
+        _meta={"usp": {"correlation_id": correlation_id}} if correlation_id is not None else None,
     )
 
 

@@ -14,7 +14,8 @@ drops it. A ``tools/call`` goes:
    ``usp_webhook`` notifications);
 4. the arguments against the tool's model (a missing one ``-32600`` "Missing required field: X"
    as the binding's example; anything else ``-32602`` with what is wrong, never the input);
-5. the handler (database work off the event loop), its answer in the dual envelope.
+5. the handler (database work off the event loop), its answer in the dual envelope, with the
+   request's ``_meta.usp.correlation_id`` (or ``USP-Correlation-Id``) echoed in the result's ``_meta``.
 
 Every error leaves through :class:`.protocol.ProtocolErrors`.
 """
@@ -137,9 +138,10 @@ def build_server(
             model = spec.arguments.model_validate({k: v for k, v in arguments.items() if k != "_meta"})
         except ValidationError as exc:
             raise argument_error(exc) from None
-        call = ToolCall(engine, settings, caller, meta, _correlation_id(ctx, meta), resolver)
+        correlation_id = _correlation_id(ctx, meta)
+        call = ToolCall(engine, settings, caller, meta, correlation_id, resolver)
         body = await spec.handler(call, model)
-        return envelope(body, capability=spec.capability)
+        return envelope(body, capability=spec.capability, correlation_id=correlation_id)
 
     server: Server[Any] = Server(
         SERVER_NAME,

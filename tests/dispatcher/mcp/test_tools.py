@@ -342,6 +342,21 @@ async def test_correlation_id_is_carried_into_the_events(
     assert booking["id"] in record.payload
 
 
+async def test_correlation_id_is_echoed_on_the_result(
+    mcp_engine: Engine, settings: Settings, acme_key: str
+) -> None:
+    async with connect(mcp_engine, settings) as client:
+        echoed = await client.call_tool("usp_catalog_list", usp(profile=None, correlation_id="corr-7"))
+        assert echoed.meta == {"usp": {"correlation_id": "corr-7"}}
+        slot = (await free_slots(client))[0]
+        arguments = {"service_id": HAIRCUT, "slot_id": slot["id"], "buyer": ALICE}
+        booked = await client.call_tool(
+            "usp_bookings_create", {**arguments, **usp(key=acme_key, correlation_id="c-9")}
+        )
+        assert booked.meta == {"usp": {"correlation_id": "c-9"}}
+        assert not (await client.call_tool("usp_catalog_list", {})).meta
+
+
 async def test_an_anonymous_platform_with_a_long_profile_keeps_its_idempotency_keys(
     mcp_engine: Engine, make_settings: MakeSettings
 ) -> None:

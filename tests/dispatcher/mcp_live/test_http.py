@@ -51,12 +51,13 @@ async def test_a_platform_hears_its_own_bookings_and_another_platform_does_not(
         await subscribe(globex_client, OTHER_PROFILE)
 
         slot = (await free_slots(acme_client))[0]
-        booked = await book(acme_client, slot["id"], key=acme_key)
+        booked = await book(acme_client, slot["id"], key=acme_key, correlation_id="corr-live")
         booking_id = booked["booking"]["id"]
         await wait_until(lambda: bool(acme.received))
         (created,) = acme.received
         assert created.event.event == "booking.created"
         assert created.params["booking_id"] == booking_id
+        assert created.params["_meta"]["usp"]["correlation_id"] == "corr-live"  # the join id, echoed
         assert created.verified.kid in {key.kid for key in business_keys}
 
         catalog = emit(engine, "catalog.service.updated", audience=None)  # public, but not booking.*
