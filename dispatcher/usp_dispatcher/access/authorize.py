@@ -9,7 +9,8 @@ access class into a :class:`Caller`, or refuses with an :class:`AccessError`:
 
 ============================ =====================================================================
 ``public``                   anyone; nothing is required or bound
-``privileged_platform``      ``_meta.usp.profile`` (-32602 without); an authenticated principal,
+``privileged_platform``      an authenticated principal (the business needs nothing more), then
+                             ``_meta.usp.profile`` (-32602 without); a platform's principal is
                              bound to that profile (-32003 on a different one), unless the policy
                              lets anonymous platforms in (-32001 otherwise)
 ``privileged_scoped``        the same, or a booking-scoped credential for this booking and tool
@@ -130,8 +131,6 @@ def authorize(
     usp = _usp_meta(arguments)
     profile = _profile(usp)
     presented = _presented(usp)
-    if access.privileged and profile is None:
-        raise invalid_params(f"{tool} is a privileged method: _meta.usp.profile is required")
 
     scoped: _Scoped | None = None
     if presented is not None:
@@ -158,7 +157,12 @@ def authorize(
             return Caller(None, profile, None, False, None, None)
         return Caller(identity.principal, profile, identity.mechanism, False, None, identity.key_thumbprint)
 
-    assert profile is not None  # privileged: checked above
+    if identity is None and credential is None and policy.require_authentication:
+        hint = f" ({scoped.ignored})" if scoped is not None and scoped.ignored else ""
+        offered = ", ".join(policy.mechanisms) or "none"
+        raise unauthenticated(f"{tool} requires authentication (offered: {offered}){hint}")
+    if profile is None:
+        raise invalid_params(f"{tool} is a privileged method: _meta.usp.profile is required")
     if identity is not None:
         bind_profile(session, identity.principal, profile)
     if credential is not None:
@@ -171,11 +175,7 @@ def authorize(
             raise forbidden(f"a booking_scoped_credential does not authorize {tool}")
     if identity is not None:
         return Caller(identity.principal, profile, identity.mechanism, False, None, identity.key_thumbprint)
-    if policy.require_authentication:
-        hint = f" ({scoped.ignored})" if scoped is not None and scoped.ignored else ""
-        offered = ", ".join(policy.mechanisms) or "none"
-        raise unauthenticated(f"{tool} requires authentication (offered: {offered}){hint}")
-    return Caller(None, profile, None, False, None, None)
+    return Caller(None, profile, None, False, None, None)  # the policy lets anonymous platforms in
 
 
 def may_touch_booking(session: Session, caller: Caller, booking_id: str) -> bool:

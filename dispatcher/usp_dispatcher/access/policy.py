@@ -52,10 +52,14 @@ def policy_document(settings: Settings) -> dict[str, Any]:
         "mechanisms": list(policy.mechanisms),
         "require_authentication": policy.require_authentication,
         "identity_binding": "first_contact",  # §10.1.6: the first _meta.usp.profile a principal presents
+        # One policy for both bindings: REST carries in headers what MCP carries in _meta.usp.
+        "bindings": ["mcp", "rest"],
+        "profile": {"mcp": "_meta.usp.profile", "rest": "USP-Agent: <profile URI>"},
     }
     if policy.offers("bearer"):
         document["bearer"] = {
             "http": "Authorization: Bearer <API key>",
+            "rest": "Authorization: Bearer <API key>",
             "stdio": "_meta.usp.authorization {mechanism: bearer, credential}",
         }
     if policy.offers("http_message_signatures"):
@@ -79,5 +83,9 @@ def policy_document(settings: Settings) -> dict[str, Any]:
                 "typ": POP_TYP,
                 "iat_window_seconds": PROOF_WINDOW_SECONDS,
             },
+            "mcp": "_meta.usp.authorization {mechanism: booking_scoped_credential, credential, proof}; "
+            "usp_p over the tools/call params",
+            "rest": "Authorization: Bearer <credential>; USP-Key-Proof: <proof>, "
+            'usp_p over {"method", "target" (path and query), "body" (the JSON body or null)}',
         }
     return document

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import date
 from functools import partial
 from typing import Any, Final, TypeVar
@@ -40,13 +40,13 @@ from usp_workers.ssrf import Resolver
 
 from .. import access, domain, feed
 from ..access import Access, Caller
+from ..domain.inputs import BookingIn, CancelIn, RescheduleIn, WaitlistIn
 from ..domain.outcomes import booking_not_found, waitlist_entry_not_found
 from ..errors import NotFound, Refused
-from ..routes.scheduling import BookingIn, CancelIn, RescheduleIn, WaitlistIn
 from .protocol import INVALID_PARAMS, UNAUTHENTICATED, protocol_error
 from .results import CAPABILITIES, business_outcome
 
-__all__ = ["TOOLS", "TOOLS_BY_NAME", "ToolCall", "ToolSpec", "UspMeta", "read_meta"]
+__all__ = ["REST_ONLY", "TOOLS", "TOOLS_BY_NAME", "ToolCall", "ToolSpec", "UspMeta", "read_meta"]
 
 _T = TypeVar("_T")
 _ID = Field(min_length=1, max_length=128)
@@ -94,6 +94,8 @@ class ToolCall:
     meta: UspMeta
     correlation_id: str | None
     resolver: Resolver | None = None
+    #: Set by a state change answered from the idempotency store (REST says so in a header).
+    replayed: list[bool] = field(default_factory=list)
 
     @property
     def principal(self) -> str:
@@ -308,6 +310,35 @@ async def bookings_reschedule(call: ToolCall, args: RescheduleArguments) -> dict
     )
 
 
+async def bookings_complete(call: ToolCall, args: BookingRef) -> dict[str, Any]:
+    return await _on_booking(
+        call,
+        args.booking_id,
+        lambda session: domain.complete_booking(session, args.booking_id, correlation_id=call.correlation_id),
+        operation="bookings.complete",
+        arguments={"booking_id": args.booking_id},
+    )
+
+
+async def bookings_no_show(call: ToolCall, args: BookingRef) -> dict[str, Any]:
+    return await _on_booking(
+        call,
+        args.booking_id,
+        lambda session: domain.mark_no_show(session, args.booking_id, correlation_id=call.correlation_id),
+        operation="bookings.no_show",
+        arguments={"booking_id": args.booking_id},
+    )
+
+
+async def waitlist_get(call: ToolCall, args: WaitlistRef) -> dict[str, Any]:
+    def work(session: Session) -> dict[str, Any]:
+        if not access.may_touch_waitlist_entry(session, call.caller, args.waitlist_entry_id):
+            return domain.structured(waitlist_entry_not_found(args.waitlist_entry_id))
+        return domain.structured(domain.get_waitlist_entry(session, args.waitlist_entry_id))
+
+    return await call.db(work)
+
+
 async def waitlist_join(call: ToolCall, args: WaitlistIn) -> dict[str, Any]:
     return await call.db(
         lambda session: _change(
@@ -441,6 +472,7 @@ def _change(
             principal=call.principal,
         )
     )
+    call.replayed.append(answer.replayed)
     return dict(answer.body)
 
 
@@ -639,3 +671,14 @@ TOOLS: Final[tuple[ToolSpec, ...]] = (
 )
 
 TOOLS_BY_NAME: Final[dict[str, ToolSpec]] = {tool.name: tool for tool in TOOLS}
+
+#: The business's own operations and one read the REST API has beside the tools (no MCP tool:
+#: the binding defines none), authorized and run the same way.
+REST_ONLY: Final[dict[str, ToolSpec]] = {
+    spec.name: spec
+    for spec in (
+        _tool("usp_bookings_complete", "", Access.BUSINESS_ONLY, BookingRef, bookings_complete, "bookings"),
+        _tool("usp_bookings_no_show", "", Access.BUSINESS_ONLY, BookingRef, bookings_no_show, "bookings"),
+        _tool("usp_waitlist_get", "", Access.PRIVILEGED_PLATFORM, WaitlistRef, waitlist_get, "waitlist"),
+    )
+}

@@ -1,51 +1,66 @@
 """``/services/…``: the scheduling API (catalog, availability, bookings, waitlist) over REST.
 
-Each route is a thin adapter onto one :mod:`usp_dispatcher.domain` function, the same one the
-matching USP MCP tool calls (the tool's name is in each route's summary), and answers with the
-same ``structuredContent`` JSON (:func:`usp_dispatcher.domain.structured`):
+Each route runs the very operation the matching USP MCP tool runs (:mod:`usp_dispatcher.mcp.tools`,
+the tool's name is in each route's summary), authorized by the same
+:class:`~usp_dispatcher.access.AuthorizationPolicy` through the same two calls
+(:func:`~usp_dispatcher.access.authenticate_http`, then :func:`~usp_dispatcher.access.authorize`),
+and answers with the same ``structuredContent`` JSON:
 
 * success: the object (``booking``, ``waitlist_entry``, ``slots`` …) and ``messages: []``; 201
   for a creation, else 200;
 * a business outcome (``slot_unavailable``, ``invalid_state_transition`` …): HTTP 200 with
   ``messages[]``, as the binding's REST side does;
-* malformed input: a 422 RFC 9457 problem (``invalid_request``), like every other route here.
+* malformed input: a 422 RFC 9457 problem (``invalid_request``); no or a failed credential 401,
+  a credential that may not do this 403.
 
-Headers: ``USP-Correlation-Id`` is carried into the events the call emits; ``Idempotency-Key``
-makes a state change safe to retry (same key and request: the first answer again, with
-``Idempotent-Replayed: true``, and nothing emitted again; another request: ``idempotency_conflict``).
+What MCP carries in ``_meta.usp`` travels in headers here:
 
-Authentication, for now: the catalog and availability are public (``x-usp-access: public``);
-everything else requires the admin bearer token (``USP_ADMIN_TOKEN``). The platform credentials
-of the binding (``privileged_platform``, ``privileged_scoped`` with a booking-scoped credential,
-``business_only`` for confirm) arrive with the MCP work, which will also scope idempotency keys by
-the calling platform instead of the single :data:`ADMIN_PRINCIPAL`.
+=============================== ============================================================
+``Authorization: Bearer <key>`` a platform API key or the admin token (or an RFC 9421 agent
+                                signature with ``Signature-Agent``, as on ``/mcp``)
+``Authorization: Bearer <jws>`` a booking-scoped credential; a key-bound one needs
+                                ``USP-Key-Proof``: a ``platform_key_pop`` JWS whose ``usp_p``
+                                is over ``{"method", "target", "body"}`` of this request
+                                (``target``: path and query; ``body``: the JSON body or null)
+``USP-Agent``                   the platform profile URI (``_meta.usp.profile``); a bare URI or
+                                ``profile="<URI>"``
+``Idempotency-Key``             ``_meta.usp.idempotency_key``: the same key and request replay
+                                the first answer, with ``Idempotent-Replayed: true``
+``USP-Correlation-Id``          ``_meta.usp.correlation_id``, carried into the events
+=============================== ============================================================
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import json
+import re
+from dataclasses import dataclass
 from datetime import date
-from typing import Annotated, Any
+from typing import Annotated, Any, Final
 
-from fastapi import APIRouter, Header, Query
+import anyio.to_thread
+from fastapi import APIRouter, Depends, Header, Query, Request
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, Field
+from mcp.shared.exceptions import MCPError
+from pydantic import ValidationError
 
-from usp_schemas import Buyer, StructuredContent, TimeWindow
+from usp_schemas import StructuredContent
+from usp_workers import db
 
-from .. import domain
-from ..auth import AdminDep
-from ..deps import SessionDep
+from .. import access, domain
+from ..access import AccessError
+from ..access.credentials import MECHANISM, looks_like_booking_credential
+from ..access.nonces import database_nonces
 from ..domain.content import AvailabilityContent, BookingContent, CatalogContent, WaitlistContent
+from ..domain.inputs import BookingIn, CancelIn, RescheduleIn, WaitlistIn
+from ..mcp.protocol import validation_text
+from ..mcp.tools import REST_ONLY, TOOLS_BY_NAME, ToolCall, ToolSpec, UspMeta, read_meta
 from ..problems import HTTPProblem
 
-__all__ = ["ADMIN_PRINCIPAL", "public_router", "router"]
-
-#: Whose namespace idempotency keys live in while the admin token is the only credential.
-ADMIN_PRINCIPAL = "admin"
+__all__ = ["BookingIn", "CancelIn", "RescheduleIn", "WaitlistIn", "public_router", "router"]
 
 public_router = APIRouter(prefix="/services", tags=["catalog"])
-router = APIRouter(prefix="/services", tags=["bookings"], dependencies=[AdminDep])
+router = APIRouter(prefix="/services", tags=["bookings"])
 
 CorrelationId = Annotated[
     str | None,
@@ -66,53 +81,26 @@ IdempotencyKey = Annotated[
         description="retrying with the same key and request replays the first answer (UUID v4 advised)",
     ),
 ]
+UspAgent = Annotated[
+    str | None,
+    Header(
+        alias="USP-Agent", description="your platform profile URI (privileged calls); the business needs none"
+    ),
+]
 _OUTCOME = {"model": StructuredContent, "description": "a business outcome: messages[] says which"}
-
-
-class BookingIn(BaseModel):
-    """``usp_bookings_create``'s arguments."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    service_id: str = Field(min_length=1, max_length=128)
-    slot_id: str = Field(min_length=1, max_length=128)
-    buyer: Buyer
-    order_id: str | None = Field(default=None, min_length=1, max_length=128, description="the UCP order")
-
-
-class CancelIn(BaseModel):
-    """``usp_bookings_cancel``'s arguments besides the booking id."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    reason: str | None = Field(default=None, min_length=1, max_length=500)
-
-
-class RescheduleIn(BaseModel):
-    """``usp_bookings_reschedule``'s arguments besides the booking id."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    slot_id: str = Field(min_length=1, max_length=128)
-
-
-class WaitlistIn(BaseModel):
-    """``usp_waitlist_join``'s arguments."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    service_id: str = Field(min_length=1, max_length=128)
-    desired_window: TimeWindow
-    buyer: Buyer
+_PROFILE_PARAMETER: Final = re.compile(r'^\s*profile\s*=\s*"([^"]*)"\s*$')
+_CHALLENGE: Final = 'Bearer realm="usp"'
 
 
 # ------------------------------------------------------------------------------------ public
 
 
 @public_router.get("/catalog", response_model=CatalogContent, summary="List the catalog (usp_catalog_list)")
-def list_catalog(session: SessionDep) -> JSONResponse:
+async def list_catalog(
+    request: Request, authorized: Annotated[_Authorized, _authorized("usp_catalog_list")]
+) -> JSONResponse:
     """The active services."""
-    return _read(lambda: domain.list_catalog(session))
+    return await _serve(request, authorized, "usp_catalog_list", {})
 
 
 @public_router.get(
@@ -121,14 +109,16 @@ def list_catalog(session: SessionDep) -> JSONResponse:
     responses={200: _OUTCOME},
     summary="Bookable slots (usp_availability_query)",
 )
-def query_availability(
-    session: SessionDep,
+async def query_availability(
+    request: Request,
+    authorized: Annotated[_Authorized, _authorized("usp_availability_query")],
     service_id: Annotated[str, Query(min_length=1, max_length=128)],
     start_date: date,
     end_date: date,
 ) -> JSONResponse:
     """Slots with a free seat from ``start_date`` through ``end_date`` (the business's dates)."""
-    return _read(lambda: domain.query_availability(session, service_id, start_date, end_date))
+    arguments = {"service_id": service_id, "start_date": start_date, "end_date": end_date}
+    return await _serve(request, authorized, "usp_availability_query", arguments)
 
 
 # ------------------------------------------------------------------------------------ bookings
@@ -141,24 +131,18 @@ def query_availability(
     responses={200: _OUTCOME},
     summary="Book a slot (usp_bookings_create)",
 )
-def create_booking(
-    body: BookingIn, session: SessionDep, correlation_id: CorrelationId = None, key: IdempotencyKey = None
+async def create_booking(
+    request: Request,
+    authorized: Annotated[_Authorized, _authorized("usp_bookings_create")],
+    body: BookingIn,
+    profile: UspAgent = None,
+    correlation_id: CorrelationId = None,
+    key: IdempotencyKey = None,
 ) -> JSONResponse:
-    """A pending booking (201); ``slot_unavailable`` when its last seat is gone."""
-    return _change(
-        session,
-        lambda: domain.create_booking(
-            session,
-            body.service_id,
-            body.slot_id,
-            body.buyer,
-            correlation_id=correlation_id,
-            order_id=body.order_id,
-        ),
-        operation="bookings.create",
-        arguments=body.model_dump(mode="json"),
-        key=key,
-        created=True,
+    """A pending booking (201) with a ``booking_scoped_credential`` for it; ``slot_unavailable``
+    when its last seat is gone."""
+    return await _serve(
+        request, authorized, "usp_bookings_create", body.model_dump(exclude_none=True), created=True
     )
 
 
@@ -168,26 +152,29 @@ def create_booking(
     responses={200: _OUTCOME},
     summary="Read a booking (usp_bookings_get)",
 )
-def get_booking(booking_id: str, session: SessionDep) -> JSONResponse:
-    return _read(lambda: domain.get_booking(session, booking_id))
+async def get_booking(
+    request: Request,
+    authorized: Annotated[_Authorized, _authorized("usp_bookings_get")],
+    booking_id: str,
+    profile: UspAgent = None,
+) -> JSONResponse:
+    return await _serve(request, authorized, "usp_bookings_get", {"booking_id": booking_id})
 
 
 @router.post(
     "/bookings/{booking_id}/confirm",
     response_model=BookingContent,
     responses={200: _OUTCOME},
-    summary="Confirm a booking (usp_bookings_confirm)",
+    summary="Confirm a booking (usp_bookings_confirm, business only)",
 )
-def confirm_booking(
-    booking_id: str, session: SessionDep, correlation_id: CorrelationId = None, key: IdempotencyKey = None
+async def confirm_booking(
+    request: Request,
+    authorized: Annotated[_Authorized, _authorized("usp_bookings_confirm")],
+    booking_id: str,
+    correlation_id: CorrelationId = None,
+    key: IdempotencyKey = None,
 ) -> JSONResponse:
-    return _change(
-        session,
-        lambda: domain.confirm_booking(session, booking_id, correlation_id=correlation_id),
-        operation="bookings.confirm",
-        arguments={"booking_id": booking_id},
-        key=key,
-    )
+    return await _serve(request, authorized, "usp_bookings_confirm", {"booking_id": booking_id})
 
 
 @router.post(
@@ -196,22 +183,21 @@ def confirm_booking(
     responses={200: _OUTCOME},
     summary="Cancel a booking (usp_bookings_cancel)",
 )
-def cancel_booking(
+async def cancel_booking(
+    request: Request,
+    authorized: Annotated[_Authorized, _authorized("usp_bookings_cancel")],
     booking_id: str,
-    session: SessionDep,
     body: CancelIn | None = None,
+    profile: UspAgent = None,
     correlation_id: CorrelationId = None,
     key: IdempotencyKey = None,
 ) -> JSONResponse:
     """Cancel; the seat goes to the next buyer on the waitlist, or back on sale."""
     reason = body.reason if body is not None else None
-    return _change(
-        session,
-        lambda: domain.cancel_booking(session, booking_id, reason, correlation_id=correlation_id),
-        operation="bookings.cancel",
-        arguments={"booking_id": booking_id, "reason": reason},
-        key=key,
-    )
+    arguments: dict[str, Any] = {"booking_id": booking_id}
+    if reason is not None:
+        arguments["reason"] = reason
+    return await _serve(request, authorized, "usp_bookings_cancel", arguments)
 
 
 @router.post(
@@ -220,20 +206,17 @@ def cancel_booking(
     responses={200: _OUTCOME},
     summary="Move a booking to another slot (usp_bookings_reschedule)",
 )
-def reschedule_booking(
+async def reschedule_booking(
+    request: Request,
+    authorized: Annotated[_Authorized, _authorized("usp_bookings_reschedule")],
     booking_id: str,
     body: RescheduleIn,
-    session: SessionDep,
+    profile: UspAgent = None,
     correlation_id: CorrelationId = None,
     key: IdempotencyKey = None,
 ) -> JSONResponse:
-    return _change(
-        session,
-        lambda: domain.reschedule_booking(session, booking_id, body.slot_id, correlation_id=correlation_id),
-        operation="bookings.reschedule",
-        arguments={"booking_id": booking_id, "slot_id": body.slot_id},
-        key=key,
-    )
+    arguments = {"booking_id": booking_id, "slot_id": body.slot_id}
+    return await _serve(request, authorized, "usp_bookings_reschedule", arguments)
 
 
 @router.post(
@@ -242,16 +225,14 @@ def reschedule_booking(
     responses={200: _OUTCOME},
     summary="Mark a booking completed (business only)",
 )
-def complete_booking(
-    booking_id: str, session: SessionDep, correlation_id: CorrelationId = None, key: IdempotencyKey = None
+async def complete_booking(
+    request: Request,
+    authorized: Annotated[_Authorized, _authorized("usp_bookings_complete")],
+    booking_id: str,
+    correlation_id: CorrelationId = None,
+    key: IdempotencyKey = None,
 ) -> JSONResponse:
-    return _change(
-        session,
-        lambda: domain.complete_booking(session, booking_id, correlation_id=correlation_id),
-        operation="bookings.complete",
-        arguments={"booking_id": booking_id},
-        key=key,
-    )
+    return await _serve(request, authorized, "usp_bookings_complete", {"booking_id": booking_id})
 
 
 @router.post(
@@ -260,16 +241,14 @@ def complete_booking(
     responses={200: _OUTCOME},
     summary="Mark a booking as a no-show (business only)",
 )
-def mark_no_show(
-    booking_id: str, session: SessionDep, correlation_id: CorrelationId = None, key: IdempotencyKey = None
+async def mark_no_show(
+    request: Request,
+    authorized: Annotated[_Authorized, _authorized("usp_bookings_no_show")],
+    booking_id: str,
+    correlation_id: CorrelationId = None,
+    key: IdempotencyKey = None,
 ) -> JSONResponse:
-    return _change(
-        session,
-        lambda: domain.mark_no_show(session, booking_id, correlation_id=correlation_id),
-        operation="bookings.no_show",
-        arguments={"booking_id": booking_id},
-        key=key,
-    )
+    return await _serve(request, authorized, "usp_bookings_no_show", {"booking_id": booking_id})
 
 
 # ------------------------------------------------------------------------------------ waitlist
@@ -282,20 +261,16 @@ def mark_no_show(
     responses={200: _OUTCOME},
     summary="Join a service's waitlist (usp_waitlist_join)",
 )
-def join_waitlist(
-    body: WaitlistIn, session: SessionDep, correlation_id: CorrelationId = None, key: IdempotencyKey = None
+async def join_waitlist(
+    request: Request,
+    authorized: Annotated[_Authorized, _authorized("usp_waitlist_join")],
+    body: WaitlistIn,
+    profile: UspAgent = None,
+    correlation_id: CorrelationId = None,
+    key: IdempotencyKey = None,
 ) -> JSONResponse:
     """A joined entry (201): offered a seat when one inside ``desired_window`` is freed."""
-    return _change(
-        session,
-        lambda: domain.join_waitlist(
-            session, body.service_id, body.desired_window, body.buyer, correlation_id=correlation_id
-        ),
-        operation="waitlist.join",
-        arguments=body.model_dump(mode="json"),
-        key=key,
-        created=True,
-    )
+    return await _serve(request, authorized, "usp_waitlist_join", body.model_dump(mode="json"), created=True)
 
 
 @router.get(
@@ -304,8 +279,13 @@ def join_waitlist(
     responses={200: _OUTCOME},
     summary="Read a waitlist entry",
 )
-def get_waitlist_entry(waitlist_entry_id: str, session: SessionDep) -> JSONResponse:
-    return _read(lambda: domain.get_waitlist_entry(session, waitlist_entry_id))
+async def get_waitlist_entry(
+    request: Request,
+    authorized: Annotated[_Authorized, _authorized("usp_waitlist_get")],
+    waitlist_entry_id: str,
+    profile: UspAgent = None,
+) -> JSONResponse:
+    return await _serve(request, authorized, "usp_waitlist_get", {"waitlist_entry_id": waitlist_entry_id})
 
 
 @router.delete(
@@ -314,56 +294,179 @@ def get_waitlist_entry(waitlist_entry_id: str, session: SessionDep) -> JSONRespo
     responses={200: _OUTCOME},
     summary="Leave the waitlist (usp_waitlist_leave)",
 )
-def leave_waitlist(
+async def leave_waitlist(
+    request: Request,
+    authorized: Annotated[_Authorized, _authorized("usp_waitlist_leave")],
     waitlist_entry_id: str,
-    session: SessionDep,
+    profile: UspAgent = None,
     correlation_id: CorrelationId = None,
     key: IdempotencyKey = None,
 ) -> JSONResponse:
     """The entry, now ``left``; a seat held for it goes to the next in line."""
-    return _change(
-        session,
-        lambda: domain.leave_waitlist(session, waitlist_entry_id, correlation_id=correlation_id),
-        operation="waitlist.leave",
-        arguments={"waitlist_entry_id": waitlist_entry_id},
-        key=key,
+    return await _serve(request, authorized, "usp_waitlist_leave", {"waitlist_entry_id": waitlist_entry_id})
+
+
+# ------------------------------------------------------------------------------------ the adapter
+
+
+@dataclass(frozen=True)
+class _Authorized:
+    """A request the policy let through: who calls, and its ``_meta.usp``."""
+
+    caller: access.Caller
+    meta: UspMeta
+
+
+def _authorized(operation: str) -> Any:
+    """The dependency authorizing ``operation``: it runs before the body is validated, so an
+    unauthenticated caller learns that first (as from every other protected route)."""
+    spec = TOOLS_BY_NAME.get(operation) or REST_ONLY[operation]
+
+    async def dependency(request: Request) -> _Authorized:
+        engine = request.app.state.engine
+        settings = request.app.state.settings
+        body = await request.body()
+        try:
+            identity = await access.authenticate_http(
+                request.method,
+                str(request.url),
+                request.headers,
+                body,
+                engine=engine,
+                settings=settings,
+                resolver=getattr(request.app.state, "target_resolver", None),
+                nonces=database_nonces(engine),
+            )
+        except AccessError as exc:
+            raise _problem(exc, presented=True) from None
+        arguments = {**request.path_params, "_meta": {"usp": _usp_meta(request)}}
+        try:
+            meta = read_meta(arguments)
+        except ValidationError as exc:
+            raise HTTPProblem(
+                422, "invalid_request", "Invalid request", _rest_words(validation_text(exc))
+            ) from None
+        params = {"method": request.method, "target": _target(request), "body": _json_or_none(body)}
+
+        def authorize() -> access.Caller:
+            with db.session(engine) as session:
+                return access.authorize(
+                    session,
+                    settings,
+                    tool=spec.name,
+                    access=spec.access,
+                    arguments=arguments,
+                    params=params,
+                    identity=identity,
+                )
+
+        try:
+            return _Authorized(await anyio.to_thread.run_sync(authorize), meta)
+        except AccessError as exc:
+            raise _problem(exc, presented=False) from None
+
+    return Depends(dependency)
+
+
+async def _serve(
+    request: Request,
+    authorized: _Authorized,
+    operation: str,
+    arguments: dict[str, Any],
+    *,
+    created: bool = False,
+) -> JSONResponse:
+    """Run ``operation`` as its MCP tool would, for the caller ``authorized`` admitted."""
+    spec: ToolSpec = TOOLS_BY_NAME.get(operation) or REST_ONLY[operation]
+    state = request.app.state
+    meta = authorized.meta
+    call = ToolCall(
+        state.engine,
+        state.settings,
+        authorized.caller,
+        meta,
+        meta.correlation_id,
+        getattr(state, "target_resolver", None),
+    )
+    try:
+        answer = await spec.handler(call, spec.arguments.model_validate(arguments))
+    except ValidationError as exc:
+        raise HTTPProblem(422, "invalid_request", "Invalid request", validation_text(exc)) from None
+    except MCPError as exc:
+        raise _protocol_problem(exc) from None
+    status = 201 if created and not answer.get("messages") else 200
+    headers = {"Idempotent-Replayed": "true"} if call.replayed and call.replayed[-1] else None
+    return JSONResponse(answer, status_code=status, headers=headers)
+
+
+def _usp_meta(request: Request) -> dict[str, Any]:
+    """``_meta.usp`` from the request's headers (the table in the module docstring)."""
+    headers = request.headers
+    usp: dict[str, Any] = {}
+    agent = headers.get("usp-agent")
+    if agent is not None:
+        matched = _PROFILE_PARAMETER.match(agent)
+        usp["profile"] = matched.group(1) if matched else agent.strip()
+    if (key := headers.get("idempotency-key")) is not None:
+        usp["idempotency_key"] = key
+    if (correlation := headers.get("usp-correlation-id")) is not None:
+        usp["correlation_id"] = correlation
+    scheme, _, token = (headers.get("authorization") or "").strip().partition(" ")
+    if scheme.lower() == "bearer" and looks_like_booking_credential(token.strip()):
+        usp["authorization"] = {
+            "mechanism": MECHANISM,
+            "credential": token.strip(),
+            "proof": headers.get("usp-key-proof"),
+        }
+    return usp
+
+
+def _target(request: Request) -> str:
+    query = request.url.query
+    return request.url.path + (f"?{query}" if query else "")
+
+
+def _json_or_none(body: bytes) -> Any:
+    try:
+        return json.loads(body) if body else None
+    except ValueError:
+        return None
+
+
+def _rest_words(text: str) -> str:
+    """An access or argument message in REST's words: headers where MCP has ``_meta.usp``."""
+    return (
+        text.replace("_meta.usp.profile", "the USP-Agent header (your platform profile URI)")
+        .replace("_meta.usp.idempotency_key", "Idempotency-Key")
+        .replace("_meta: usp.idempotency_key", "Idempotency-Key")
+        .replace("_meta: usp.correlation_id", "USP-Correlation-Id")
+        .replace("_meta: usp.profile", "USP-Agent")
     )
 
 
-# ------------------------------------------------------------------------------------ helpers
-
-
-def _read(run: Callable[[], domain.Result]) -> JSONResponse:
-    try:
-        return JSONResponse(domain.structured(run()))
-    except domain.InvalidRequest as exc:
-        raise _invalid(exc) from None
-
-
-def _change(
-    session: SessionDep,
-    run: Callable[[], domain.Result],
-    *,
-    operation: str,
-    arguments: Mapping[str, Any],
-    key: str | None,
-    created: bool = False,
-) -> JSONResponse:
-    try:
-        answer = domain.perform(
-            session,
-            run,
-            operation=operation,
-            arguments=arguments,
-            idempotency_key=key,
-            principal=ADMIN_PRINCIPAL,
-            created_status=201 if created else 200,
+def _problem(exc: AccessError, *, presented: bool) -> HTTPProblem:
+    detail = _rest_words(exc.detail)
+    if exc.reason == "unauthenticated":
+        if presented:
+            challenge = _CHALLENGE + ', error="invalid_token"'
+            return HTTPProblem(
+                401, "invalid_token", "Unauthorized", detail, headers={"WWW-Authenticate": challenge}
+            )
+        return HTTPProblem(
+            401, "unauthenticated", "Unauthorized", detail, headers={"WWW-Authenticate": _CHALLENGE}
         )
-    except domain.InvalidRequest as exc:
-        raise _invalid(exc) from None
-    headers = {"Idempotent-Replayed": "true"} if answer.replayed else None
-    return JSONResponse(answer.body, status_code=answer.status_code, headers=headers)
+    if exc.reason == "forbidden":
+        return HTTPProblem(403, "forbidden", "Forbidden", detail)
+    return HTTPProblem(422, "invalid_request", "Invalid request", detail)
 
 
-def _invalid(exc: domain.InvalidRequest) -> HTTPProblem:
-    return HTTPProblem(422, "invalid_request", "Invalid request", str(exc))
+def _protocol_problem(exc: MCPError) -> HTTPProblem:
+    data = exc.error.data
+    detail = _rest_words(str(data.get("content"))) if isinstance(data, dict) else "The request was refused."
+    if exc.error.code == -32001:
+        return HTTPProblem(
+            401, "unauthenticated", "Unauthorized", detail, headers={"WWW-Authenticate": _CHALLENGE}
+        )
+    if exc.error.code == -32003:
+        return HTTPProblem(403, "forbidden", "Forbidden", detail)
+    return HTTPProblem(422, "invalid_request", "Invalid request", detail)

@@ -91,14 +91,26 @@ def test_public_with_an_invalid_bearer_is_refused(session: Session, settings: Se
 
 
 @pytest.mark.parametrize("access", [Access.PRIVILEGED_PLATFORM, Access.PRIVILEGED_SCOPED])
-@pytest.mark.parametrize("identity", [None, KEY, BUSINESS])
-def test_privileged_needs_a_profile(
-    session: Session, settings: Settings, access: Access, identity: Identity | None
-) -> None:
-    detail = refused(
-        -32602, session, settings, "usp_bookings_create", access, identity=identity, profile=None
-    )
+def test_privileged_needs_a_profile(session: Session, settings: Settings, access: Access) -> None:
+    detail = refused(-32602, session, settings, "usp_bookings_create", access, identity=KEY, profile=None)
     assert "_meta.usp.profile" in detail
+    # Who calls is asked first: an anonymous caller learns it must authenticate.
+    refused(-32001, session, settings, "usp_bookings_create", access, identity=None, profile=None)
+
+
+@pytest.mark.parametrize("access", [Access.PRIVILEGED_PLATFORM, Access.PRIVILEGED_SCOPED])
+def test_the_business_needs_no_profile(session: Session, settings: Settings, access: Access) -> None:
+    caller = authorize(
+        session,
+        settings,
+        tool="usp_bookings_create",
+        access=access,
+        arguments={},
+        params={},
+        identity=BUSINESS,
+    )
+    assert caller.is_business
+    assert caller.profile is None
 
 
 @pytest.mark.parametrize("access", [Access.PRIVILEGED_PLATFORM, Access.PRIVILEGED_SCOPED])
