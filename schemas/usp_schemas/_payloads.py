@@ -46,11 +46,13 @@ class Buyer(WireModel):
     {'first_name': 'Alice', 'email': 'alice@example.com'}
     """
 
-    first_name: str = Field(min_length=1, max_length=200)
-    last_name: str | None = Field(default=None, max_length=200)
+    first_name: str = Field(min_length=1, max_length=200, description="the buyer's first name (required)")
+    last_name: str | None = Field(default=None, max_length=200, description="the buyer's last name")
     # A light check only: full address validation needs a dependency and belongs to the business.
-    email: str | None = Field(default=None, pattern=r"^[^@\s]+@[^@\s]+$", max_length=320)
-    phone: str | None = Field(default=None, max_length=40)
+    email: str | None = Field(
+        default=None, pattern=r"^[^@\s]+@[^@\s]+$", max_length=320, description="where the business may write"
+    )
+    phone: str | None = Field(default=None, max_length=40, description="a phone number, as the buyer gave it")
 
 
 class Money(WireModel):

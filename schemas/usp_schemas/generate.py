@@ -24,7 +24,7 @@ from ._jsonrpc import WebhookNotification
 from ._mcp import ToolResult
 from ._payloads import Booking, Message, Service, Slot, WaitlistEntry
 
-__all__ = ["DEFAULT_OUTPUT_DIR", "main", "render_schemas"]
+__all__ = ["DEFAULT_OUTPUT_DIR", "main", "readable_schema", "render_schemas"]
 
 #: ``schemas/json`` beside the package in a source checkout; found from this file, never from cwd.
 DEFAULT_OUTPUT_DIR = Path(__file__).resolve().parent.parent / "json"
@@ -124,17 +124,17 @@ def _notification_schema() -> dict[str, Any]:
 
 
 def _dump(schema: dict[str, Any]) -> str:
-    return json.dumps(_readable(schema), indent=2, sort_keys=True, ensure_ascii=False) + "\n"
+    return json.dumps(readable_schema(schema), indent=2, sort_keys=True, ensure_ascii=False) + "\n"
 
 
-def _readable(node: Any) -> Any:
+def readable_schema(node: Any) -> Any:
     """Descriptions come from docstrings: drop their doctest examples (Python, useless to other
     languages) and turn reST ``literals`` into Markdown `literals`."""
     if isinstance(node, list):
-        return [_readable(item) for item in node]
+        return [readable_schema(item) for item in node]
     if not isinstance(node, dict):
         return node
-    cleaned = {key: _readable(value) for key, value in node.items()}
+    cleaned = {key: readable_schema(value) for key, value in node.items()}
     if isinstance(cleaned.get("description"), str):
         text = cleaned["description"]
         text = text[: text.index(">>>")] if ">>>" in text else text

@@ -33,6 +33,7 @@ from sqlalchemy.engine import Engine
 from sqlmodel import Session
 
 from usp_receiver import jwk_thumbprint
+from usp_schemas.generate import readable_schema
 from usp_workers import db
 from usp_workers.models import Subscription, Transport
 from usp_workers.settings import Settings
@@ -137,7 +138,7 @@ class ToolSpec:
     @property
     def input_schema(self) -> dict[str, Any]:
         """The arguments' JSON Schema with ``_meta`` admitted beside them."""
-        schema = self.arguments.model_json_schema()
+        schema: dict[str, Any] = readable_schema(self.arguments.model_json_schema())
         schema.setdefault("properties", {})["_meta"] = _META_SCHEMA
         schema.pop("title", None)
         return schema

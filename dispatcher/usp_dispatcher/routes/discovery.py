@@ -58,6 +58,7 @@ def business_profile(settings: Settings) -> dict[str, Any]:
                 "description": tool.description,
                 "x-usp-access": tool.access.value,
                 "capability": tool.capability,
+                "inputSchema": tool.input_schema,
             }
             for tool in TOOLS
         ],

@@ -460,3 +460,21 @@ async def test_the_business_reusing_a_key_for_another_profile_is_a_conflict_not_
             {**arguments, **usp(profile=OTHER_PROFILE, key=ADMIN_TOKEN, idempotency_key="biz-1")},
             "idempotency_conflict",
         )
+
+
+async def test_the_booking_input_is_described_in_each_tools_input_schema(
+    mcp_engine: Engine, settings: Settings
+) -> None:
+    from usp_dispatcher.routes.discovery import business_profile
+
+    async with connect(mcp_engine, settings) as client:
+        listed = {tool.name: tool.input_schema for tool in (await client.list_tools()).tools}
+    published = {tool["name"]: tool["inputSchema"] for tool in business_profile(settings)["tools"]}
+    for name in ("usp_bookings_create", "usp_waitlist_join"):
+        for schema in (listed[name], published[name]):
+            buyer = schema["$defs"]["Buyer"]
+            assert buyer["required"] == ["first_name"]
+            assert set(buyer["properties"]) == {"first_name", "last_name", "email", "phone"}
+            assert all(p.get("description") for p in buyer["properties"].values())
+            assert ">>>" not in str(schema)
+            assert "buyer" in schema["required"]
