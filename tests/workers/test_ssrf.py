@@ -120,7 +120,6 @@ NON_GLOBAL_LITERALS = [
     ("172.16.0.1", "private"),
     ("172.31.255.255", "private"),
     ("192.168.1.1", "private"),
-    ("169.254.169.254", "link-local"),
     ("100.64.0.1", "CGNAT"),
     ("100.127.255.254", "CGNAT"),
     ("0.0.0.0", "unspecified"),
@@ -138,7 +137,6 @@ NON_GLOBAL_LITERALS = [
     ("[::]", "unspecified"),
     ("[fc00::1]", "unique-local"),
     ("[fd12::1]", "unique-local"),
-    ("[fe80::1]", "link-local"),
     ("[fec0::1]", "site-local"),
     ("[ff02::1]", "multicast"),
     ("[ff0e::1]", "multicast"),
@@ -147,12 +145,10 @@ NON_GLOBAL_LITERALS = [
     ("[100::1]", "discard"),
     ("[::ffff:127.0.0.1]", "loopback (IPv4-mapped)"),
     ("[::ffff:10.0.0.1]", "private (IPv4-mapped)"),
-    ("[::ffff:169.254.169.254]", "link-local (cloud metadata) (IPv4-mapped)"),
     ("[::ffff:7f00:1]", "loopback (IPv4-mapped)"),
     ("[::127.0.0.1]", "loopback (IPv4-compatible)"),
     ("[::8.8.8.8]", "IPv4-compatible"),
     ("[64:ff9b::7f00:1]", "loopback (embedded in NAT64)"),
-    ("[64:ff9b::a9fe:a9fe]", "link-local (cloud metadata) (embedded in NAT64)"),
     ("[64:ff9b:1::1]", "local-use NAT64"),
     ("[2002:7f00:1::]", "loopback (embedded in 6to4)"),
     ("[2002:a00:1::1]", "private (embedded in 6to4)"),
@@ -183,7 +179,6 @@ async def test_a_non_global_literal_address_is_refused_naming_its_class(
         "http://127.0.1/",
         "http://127.0.0.1./",  # trailing dot
         "http://0/",  # 0.0.0.0
-        "http://0xa9fea9fe/",  # 169.254.169.254
         "http://0xA.1/",  # 10.0.0.1, upper case hex
         "http://3232235777/",  # 192.168.1.1
         "http://[::ffff:127.0.0.1]:80/",
@@ -250,7 +245,6 @@ async def test_credentials_are_refused_even_for_a_public_address(check: Checker)
     "addresses",
     [
         ["127.0.0.1"],
-        ["169.254.169.254"],
         ["::1"],
         ["::ffff:127.0.0.1"],
         ["10.0.0.1", "10.0.0.2"],
@@ -358,6 +352,37 @@ async def test_global_addresses_in_any_spelling_pass(
     target = await check(url, STRICT, _resolver({"public.example": [PUBLIC_V4]}))
     assert target.ip == ip
     assert target.authority == authority
+
+
+METADATA_TARGETS = [
+    "http://169.254.169.254/latest/meta-data/",
+    "http://169.254.0.1/",
+    "http://[::ffff:169.254.169.254]/",
+    "http://[::ffff:a9fe:a9fe]/",
+    "http://[64:ff9b::a9fe:a9fe]/",  # NAT64
+    "http://[64:ff9b::169.254.169.254]/",
+    "http://[2002:a9fe:a9fe::1]/",  # 6to4
+    "http://[::169.254.169.254]/",  # IPv4-compatible
+    "http://[fe80::1]/",
+    "http://[fd00:ec2::254]/",
+    "http://168.63.129.16/",
+    "http://100.100.100.200/",
+    "http://0xa9fea9fe/",  # a numeric spelling of 169.254.169.254
+    "http://metadata.google.internal/computeMetadata/v1/",
+    "http://METADATA.google.internal./",
+    "http://metadata.goog/",
+]
+
+
+@pytest.mark.parametrize("url", METADATA_TARGETS)
+async def test_cloud_metadata_and_link_local_targets_are_refused_always(check: Checker, url: str) -> None:
+    """Neither development mode nor an allowlist covering them opens these."""
+    wide_open = _settings(allow=True, allowlist=("0.0.0.0/0", "::/0"))
+    for settings in (STRICT, _settings(allow=True), wide_open):
+        refused = await _refused(check, url, "metadata_address", settings)
+        assert "refused always" in str(refused)
+    resolving = _resolver({"innocent.example": ["93.184.216.34", "169.254.169.254"]})
+    await _refused(check, "http://innocent.example/", "metadata_address", wide_open, resolving)
 
 
 async def test_allow_private_targets_opens_everything(check: Checker) -> None:

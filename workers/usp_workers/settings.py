@@ -49,7 +49,8 @@ class Settings(BaseSettings):
     retry_jitter: float = Field(default=0.2, ge=0, lt=1, description="± fraction applied to each wait")
     allow_private_targets: bool = Field(
         default=False,
-        description="let subscriptions target loopback/private/link-local addresses (development only)",
+        description="let subscriptions target loopback and private addresses (development only); cloud"
+        " metadata and link-local targets stay refused",
     )
     private_target_allowlist: Annotated[tuple[str, ...], NoDecode] = Field(
         default=(),

@@ -16,8 +16,10 @@ The rules (SPEC-NOTES / pipeline issue):
 * the check runs at registration *and again at delivery*, and the delivery connects to the address
   that was checked (:func:`send_pinned`), so a name cannot be re-pointed between check and connect;
 * redirects are never followed (a redirect would be an unchecked second target);
-* ``USP_ALLOW_PRIVATE_TARGETS`` or ``USP_PRIVATE_TARGET_ALLOWLIST`` (CIDRs) open it for
-  development and tests.
+* ``USP_ALLOW_PRIVATE_TARGETS`` or ``USP_PRIVATE_TARGET_ALLOWLIST`` (CIDRs) open loopback and
+  private ranges for development and tests; cloud metadata and link-local targets
+  (169.254.0.0/16, fe80::/10, ``fd00:ec2::254``, 168.63.129.16, 100.100.100.200,
+  ``metadata.google.internal`` …, in every embedded IPv6 form) stay refused whatever is set.
 
 Numeric host spellings that browsers and ``inet_aton`` accept (``2130706433``, ``0x7f.1``,
 ``017700000001``, ``127.1``) are read as the IPv4 address they denote (WHATWG URL rules) and
@@ -44,6 +46,7 @@ import httpx
 from .origin_pool import Origin, PinnedClient, RawRequest
 
 __all__ = [
+    "METADATA_HOSTS",
     "IPAddress",
     "PinnedResponse",
     "RefusalReason",
@@ -58,6 +61,7 @@ __all__ = [
     "check_target_sync",
     "default_resolver",
     "default_sync_resolver",
+    "metadata_class",
     "new_client",
     "send_pinned",
 ]
@@ -79,6 +83,7 @@ RefusalReason = Literal[
     "bad_port",
     "unresolvable",
     "private_address",
+    "metadata_address",
 ]
 
 _SCHEMES: Final = {"http": 80, "https": 443}
@@ -231,6 +236,53 @@ def address_class(ip: IPAddress) -> str | None:
     return None if ip.is_global else "reserved"
 
 
+#: Cloud metadata services and link-local ranges: refused always, whatever opens private targets
+#: (a development machine in a cloud VM still has its instance credentials one request away).
+_ALWAYS_V4: Final[tuple[tuple[ipaddress.IPv4Network, str], ...]] = (
+    (_V4("169.254.0.0/16"), "link-local (cloud metadata)"),
+    (_V4("168.63.129.16/32"), "cloud metadata (Azure wire server)"),
+    (_V4("100.100.100.200/32"), "cloud metadata (Alibaba)"),
+)
+_ALWAYS_V6: Final[tuple[tuple[ipaddress.IPv6Network, str], ...]] = (
+    (_V6("fe80::/10"), "link-local"),
+    (_V6("fd00:ec2::254/128"), "cloud metadata (AWS IPv6)"),
+)
+#: Names of metadata services (refused before any lookup; ends of names, lowercase).
+METADATA_HOSTS: Final = frozenset(
+    {"metadata.google.internal", "metadata.goog", "metadata", "instance-data", "instance-data.ec2.internal"}
+)
+
+
+def metadata_class(ip: IPAddress) -> str | None:
+    """The always-refused class of ``ip`` (cloud metadata, link-local), looking inside every IPv6
+    form that carries an IPv4 address; ``None`` for anything else.
+
+    >>> metadata_class(ipaddress.ip_address("::ffff:169.254.169.254"))
+    'link-local (cloud metadata)'
+    >>> metadata_class(ipaddress.ip_address("64:ff9b::a9fe:a9fe"))
+    'link-local (cloud metadata)'
+    >>> metadata_class(ipaddress.ip_address("127.0.0.1")) is None
+    True
+    """
+    candidates: list[IPAddress] = [ip]
+    if isinstance(ip, ipaddress.IPv6Address):
+        if ip.scope_id:
+            return "scoped (zone index)"
+        for inner in (ip.ipv4_mapped, ip.sixtofour):
+            if inner is not None:
+                candidates.append(inner)
+        if ip in _V6_COMPATIBLE or ip in _V6_NAT64:
+            candidates.append(ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF))
+        if ip.teredo is not None:
+            candidates.extend(ip.teredo)
+    for candidate in candidates:
+        table = _ALWAYS_V4 if isinstance(candidate, ipaddress.IPv4Address) else _ALWAYS_V6
+        for network, name in table:
+            if candidate in network:  # type: ignore[operator]
+                return name
+    return None
+
+
 def _embedded(form: str, inner: ipaddress.IPv4Address) -> str | None:
     name = _ipv4_class(inner)
     return None if name is None else f"{name} (embedded in {form})"
@@ -251,10 +303,13 @@ def _canonical(ip: IPAddress) -> IPAddress:
 def address_allowed(ip: IPAddress, settings: TargetPolicy) -> bool:
     """Whether a delivery may connect to ``ip``: global unicast only, unless opened by settings.
 
-    ``allow_private_targets`` opens everything (development); an allowlisted CIDR opens just that
-    range (e.g. ``127.0.0.0/8`` for a local test receiver). An IPv4-mapped address is matched as
-    its IPv4 address, since that is where the connection goes.
+    ``allow_private_targets`` opens loopback and private ranges (development); an allowlisted
+    CIDR opens just that range (e.g. ``127.0.0.0/8`` for a local test receiver). Neither opens
+    cloud metadata or link-local addresses (:func:`metadata_class`). An IPv4-mapped address is
+    matched as its IPv4 address, since that is where the connection goes.
     """
+    if metadata_class(ip) is not None:
+        return False
     if settings.allow_private_targets:
         return True
     ip = _canonical(ip)
@@ -291,6 +346,8 @@ def _parse(url: str) -> _Parsed:
     host = parsed.raw_host.decode("ascii", errors="replace")
     if not host:
         raise TargetRefused("no_host", "the URL has no host")
+    if host.lower().rstrip(".") in METADATA_HOSTS:
+        raise TargetRefused("metadata_address", f"{host!r} is a cloud metadata service, refused always")
     port = parsed.port if parsed.port is not None else _SCHEMES[scheme]
     if not 1 <= port <= 65535:
         raise TargetRefused("bad_port", f"port {port} is outside 1..65535")
@@ -379,6 +436,12 @@ def _decide(parsed: _Parsed, addresses: Iterable[str], settings: TargetPolicy) -
             ip = ipaddress.ip_address(text)
         except ValueError:
             raise TargetRefused("unresolvable", f"{parsed.host!r} resolved to a non-address") from None
+        metadata = metadata_class(ip)
+        if metadata is not None:
+            where = "is" if parsed.literal is not None else "resolves to"
+            raise TargetRefused(
+                "metadata_address", f"{parsed.host!r} {where} a {metadata} address, refused always"
+            )
         if not address_allowed(ip, settings):
             what = address_class(ip) or "not allowlisted"
             where = "is" if parsed.literal is not None else "resolves to"
