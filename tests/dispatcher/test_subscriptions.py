@@ -79,13 +79,24 @@ def test_normalize_event_types_accepts_every_known_type_and_glob() -> None:
 
 def test_private_target_refused_unless_allowed(make_client: MakeClient) -> None:
     strict = make_client(allow_private_targets=False)
-    for url in (HOOK, "http://[::1]:8080/h", "http://169.254.169.254/latest", "http://2130706433/"):
+    for url in (HOOK, "http://[::1]:8080/h", "http://2130706433/"):
         problem = assert_problem(strict.post(PATH, json={"url": url}, headers=ADMIN), 422, "target_refused")
         assert problem["target_reason"] == "private_address"
     assert strict.get(PATH, headers=ADMIN).json()["items"] == []
 
     relaxed = make_client(allow_private_targets=True)
     assert relaxed.post(PATH, json={"url": HOOK}, headers=ADMIN).status_code == 201
+    # Development mode opens loopback and private ranges, never the cloud's metadata service.
+    for client in (strict, relaxed):
+        for url in (
+            "http://169.254.169.254/latest",
+            "http://[fd00:ec2::254]/",
+            "http://metadata.google.internal/",
+        ):
+            problem = assert_problem(
+                client.post(PATH, json={"url": url}, headers=ADMIN), 422, "target_refused"
+            )
+            assert problem["target_reason"] == "metadata_address"
 
 
 def test_allowlisted_range_is_accepted(make_client: MakeClient) -> None:
