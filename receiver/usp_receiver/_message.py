@@ -19,11 +19,19 @@ def normalize_fields(headers: HeadersInput) -> Fields:
 
     Accepts a mapping (``dict``, ``httpx.Headers``...) or raw pairs as ASGI gives them (bytes are
     decoded as Latin-1, so no byte is lost or invented). Values are normalised with the library's
-    own function so the fast path and the library see identical component values.
+    own function so the fast path and the library see identical component values. A value that
+    is neither ``str`` nor ``bytes`` (``None`` from a caller's dict) is a ``TypeError`` here, not
+    deep inside the library.
     """
     pairs = headers.items() if isinstance(headers, Mapping) else headers
     fields: Fields = {}
     for name, value in pairs:
+        if not isinstance(name, str | bytes) or not isinstance(value, str | bytes):
+            shown = name if isinstance(name, str | bytes) else type(name).__name__
+            raise TypeError(
+                f"header {shown!r} has a {type(value).__name__} value: header names and values must be"
+                " str or bytes (leave a header out rather than pass None)"
+            )
         key = (name.decode("latin-1") if isinstance(name, bytes) else name).lower()
         text = value.decode("latin-1") if isinstance(value, bytes) else value
         fields.setdefault(key, []).append(normalize_header_value(text))

@@ -71,6 +71,10 @@ class VerificationPolicy:
     #: ``"signature-agent";key="sig1": "<url>"`` (its signer and verifier agree, so its agents'
     #: signatures verify only this way). Off by default: only Web Bot Auth verifiers need it.
     member_compat: bool = False
+    #: How many signatures one request may carry; each is tried (those from keys we trust, within
+    #: the policy) until one verifies. More is refused whole: verifying costs a key lookup and a
+    #: public-key operation each, and no sender needs more than a few (one per rotating key).
+    max_signatures: int = 8
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,6 +179,11 @@ class Verifier:
         if not signature_input or not signature:
             raise MalformedSignature("Signature-Input and Signature must both be present")
         entries = parse_signatures(signature_input, signature)
+        if len(entries) > self.policy.max_signatures:
+            raise MalformedSignature(
+                f"the request carries {len(entries)} signatures, more than the"
+                f" {self.policy.max_signatures} VerificationPolicy.max_signatures allows"
+            )
         digest = request.field_value("content-digest")
         if self.policy.require_digest and (body or digest is not None):
             # An empty body without a digest has nothing to protect (a signed GET); otherwise the
