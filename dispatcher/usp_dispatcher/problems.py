@@ -17,6 +17,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from usp_receiver import problem_outcome
@@ -153,6 +154,9 @@ class CatchAllProblems:
 
         try:
             await self.app(scope, receive, tracking_send)
+        except ClientDisconnect:
+            # The client went away while its body was read: nothing to answer, nothing broken.
+            logger.info("client disconnected during %s %s", scope.get("method"), scope.get("path"))
         except Exception:
             # Path only: the query string could carry something secret; headers never logged.
             logger.exception("unhandled error answering %s %s", scope.get("method"), scope.get("path"))

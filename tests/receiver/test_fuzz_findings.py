@@ -1,7 +1,7 @@
-"""Cases a fuzzing run of 100,000 requests reported (issue 17), kept as regressions: valid requests in unusual but legal
-spellings verify (unpadded byte sequences, ``?`` inside the query, a valid signature among others
-from the same key), a caller's ``None`` header is a clear ``TypeError`` at the boundary, and the
-number of signatures tried has a documented cap."""
+"""Cases a fuzzing run of 100,000 requests reported (issue 17), kept as regressions: valid
+requests in unusual but legal spellings verify (unpadded byte sequences, ``?`` inside the query,
+a valid signature among others from the same key), a caller's ``None`` header is a clear
+``TypeError`` at the boundary, and the number of signatures tried has a documented cap."""
 
 from __future__ import annotations
 

@@ -278,7 +278,7 @@ def metadata_class(ip: IPAddress) -> str | None:
     for candidate in candidates:
         table = _ALWAYS_V4 if isinstance(candidate, ipaddress.IPv4Address) else _ALWAYS_V6
         for network, name in table:
-            if candidate in network:  # type: ignore[operator]
+            if candidate in network:
                 return name
     return None
 
