@@ -34,6 +34,7 @@ import sqlalchemy as sa
 from sqlmodel import Session, col, select
 
 from usp_schemas import EVENT_TYPES
+from usp_workers import db
 from usp_workers.models import Subscription, SubscriptionState, Transport, utcnow
 from usp_workers.operations import DELETED
 from usp_workers.settings import Settings
@@ -239,19 +240,10 @@ def list_subscriptions(
 
 
 def count_active_subscriptions(session: Session, platform_profile: str) -> int:
-    """How many active subscriptions ``platform_profile`` holds, counted under a lock on the
-    profile's subscriptions that lasts until the session's transaction ends.
-
-    Why the lock: a limit is a count, then an insert. Two creates for one profile at once would
-    both count one place left and both insert. On PostgreSQL a transaction-scoped advisory lock
-    keyed by the profile serialises them (the second counts after the first committed); SQLite
-    runs one writer at a time, and a reader that later writes after another writer committed
-    fails instead of inserting, so the limit holds there too.
-    """
-    if session.get_bind().dialect.name == "postgresql":
-        session.exec(
-            select(sa.func.pg_advisory_xact_lock(sa.func.hashtextextended(_LIMIT_LOCK + platform_profile, 0)))
-        ).one()
+    """How many active subscriptions ``platform_profile`` holds, counted under
+    :func:`usp_workers.db.lock_for_count` (until the session's transaction ends), so two creates
+    at once cannot both take the last place."""
+    db.lock_for_count(session, _LIMIT_LOCK + platform_profile, Subscription)
     statement = (
         select(sa.func.count())
         .select_from(Subscription)

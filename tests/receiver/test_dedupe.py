@@ -625,3 +625,22 @@ def test_package_imports_without_extras_and_stores_say_what_to_install() -> None
     errors = report["errors"]
     assert "install usp-receiver[redis]" in errors["usp_receiver.dedupe.redis"]
     assert "install usp-receiver[sql]" in errors["usp_receiver.dedupe.sql"]
+
+
+def test_the_default_dedupe_window_outlasts_the_services_retention() -> None:
+    """An operator can replay any event the service still keeps; the receiver's default memory of
+    handled ids must cover that whole age, or the replay is processed twice."""
+    from usp_receiver.dedupe import DEFAULT_TTL_SECONDS
+    from usp_workers.settings import Settings
+
+    retention_seconds = Settings.model_fields["retention_days"].default * 86400
+    assert retention_seconds < DEFAULT_TTL_SECONDS
+    assert MemoryDedupe()._ttl == DEFAULT_TTL_SECONDS
+    assert _default(RedisDedupe.__init__, "ttl") == DEFAULT_TTL_SECONDS
+    assert _default(SqlDedupe.__init__, "ttl") == DEFAULT_TTL_SECONDS
+
+
+def _default(function: Callable[..., Any], name: str) -> Any:
+    import inspect
+
+    return inspect.signature(function).parameters[name].default

@@ -13,7 +13,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Sequence
-from datetime import timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +27,7 @@ from tests.schemas.samples import sample
 from usp_receiver import JWKS, VerificationError, Verifier
 from usp_receiver._url import request_url
 from usp_schemas import new_event_id
-from usp_workers import operations, tasks
+from usp_workers import operations, retention, tasks
 from usp_workers.db import make_engine, session, upgrade
 from usp_workers.delivery import deliver_batch
 from usp_workers.models import (
@@ -337,6 +337,39 @@ def test_a_replay_racing_retention_finds_no_event_instead_of_failing(database: E
     [result] = outcome
     assert isinstance(result, operations.NotFound), repr(result)
     assert result.reason == "event_not_found"
+
+
+def test_a_replay_of_an_event_pruned_while_it_ran_answers_not_found_with_the_reason(
+    database: Engine, make_settings: MakeSettings
+) -> None:
+    """Retention prunes the event between the replay's read and its insert (the replay's clock is
+    the hook): on SQLite, which has no row lock to hold retention off, the insert meets the
+    foreign key and the replay answers "pruned", not an IntegrityError; on PostgreSQL the replay's
+    key-share lock makes retention skip the event and the replay goes through."""
+    subscribe(database, "http://127.0.0.1:9/a")
+    event_id = emit_one(database)
+    with database.begin() as connection:  # its delivery finished (dead): the event may be pruned
+        connection.execute(
+            sa.text("UPDATE usp_deliveries SET status = 'dead' WHERE event_id = :id"), {"id": event_id}
+        )
+    settings = make_settings(retention_days=1)
+
+    def prune_then_tell_time() -> datetime:
+        retention.prune_once(database, settings, now=utcnow() + timedelta(days=2))
+        return utcnow()
+
+    with session(database) as s:
+        if database.dialect.name == "postgresql":
+            replayed = operations.replay_event(s, event_id, now=prune_then_tell_time)
+            assert len(replayed.deliveries) == 1
+            return
+        with pytest.raises(operations.NotFound) as refused:
+            operations.replay_event(s, event_id, now=prune_then_tell_time)
+    assert refused.value.reason == "event_not_found"
+    assert "pruned" in str(refused.value)
+    assert deliveries_of(database, event_id=event_id) == []
+    with session(database) as s, pytest.raises(operations.NotFound, match="USP_RETENTION_DAYS"):
+        operations.replay_event(s, event_id)
 
 
 def _wait_until_blocked_on_a_lock(database: Engine) -> None:

@@ -19,7 +19,7 @@ from sqlmodel import Session
 
 from .settings import Settings
 
-__all__ = ["MIGRATIONS", "make_engine", "run_migrations", "session", "upgrade"]
+__all__ = ["MIGRATIONS", "lock_for_count", "make_engine", "run_migrations", "session", "upgrade"]
 
 MIGRATIONS = Path(__file__).with_name("migrations")
 _MIGRATION_LOCK = 0x5553_5057  # "USPW": the advisory lock id migrations hold on PostgreSQL
@@ -44,6 +44,21 @@ def make_engine(settings: Settings | str) -> Engine:
 def session(engine: Engine) -> Session:
     """A session that keeps loaded objects usable after commit (we hand them to other layers)."""
     return Session(engine, expire_on_commit=False)
+
+
+def lock_for_count(session: Session, key: str, table: type[Any]) -> None:
+    """Serialise count-then-insert limits on ``key`` until the session's transaction ends.
+
+    Two inserts under one limit at once would both count one place left and both insert. On
+    PostgreSQL a transaction-scoped advisory lock on ``key`` makes the second wait until the first
+    committed (other keys do not wait). SQLite has one writer at a time: a write statement that
+    changes nothing on ``table`` takes the database's write lock now, before the count, so the
+    second transaction counts after the first committed (coarser, as SQLite's writes always are).
+    """
+    if session.get_bind().dialect.name == "postgresql":
+        session.execute(sa.select(sa.func.pg_advisory_xact_lock(sa.func.hashtextextended(key, 0))))
+    else:
+        session.execute(sa.update(table).where(sa.false()).values(id=table.id))
 
 
 def upgrade(engine: Engine, revision: str = "head") -> None:

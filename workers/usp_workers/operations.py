@@ -446,7 +446,7 @@ def replay_event(
     # finds no event (404) instead of failing the INSERT below on the foreign key (a 500).
     record = session.get(EventRecord, event_id, with_for_update={"key_share": True}, populate_existing=True)
     if record is None:
-        raise NotFound("event_not_found", f"no event {event_id!r}")
+        raise _no_event_to_replay(event_id)
     if subscription_id is not None:
         subscription = _subscription(session, subscription_id)
         _check_target(subscription, record)
@@ -466,14 +466,29 @@ def replay_event(
     moment = now()
     created = [(new_id("dlv"), target) for target in targets]
     if created:
-        session.connection().execute(
-            sa.insert(_deliveries),
-            # As emit's: marked handed off now; the relay re-sends only if the hand-off is lost.
-            [_new_delivery(did, event_id, sid, moment, enqueued_at=moment) for did, sid in created],
-        )
+        try:
+            session.connection().execute(
+                sa.insert(_deliveries),
+                # As emit's: marked handed off now; the relay re-sends only if the hand-off is lost.
+                [_new_delivery(did, event_id, sid, moment, enqueued_at=moment) for did, sid in created],
+            )
+        except sa.exc.IntegrityError:
+            # SQLite has no row lock to hold retention off: it pruned the event since we read it.
+            session.rollback()
+            if session.get(EventRecord, event_id) is None:
+                raise _no_event_to_replay(event_id) from None
+            raise
         _enqueue_after_commit(session, [did for did, _ in created])
     session.commit()
     return Replayed(event_id, created)
+
+
+def _no_event_to_replay(event_id: str) -> NotFound:
+    return NotFound(
+        "event_not_found",
+        f"no event {event_id!r} is stored: it never reached this service, or it was older than the "
+        "retention (USP_RETENTION_DAYS) and has been pruned; a pruned event cannot be replayed",
+    )
 
 
 # ------------------------------------------------------------------------------- dead letter

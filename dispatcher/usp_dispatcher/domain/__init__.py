@@ -50,7 +50,7 @@ from .catalog import (
 )
 from .content import Result, structured
 from .idempotency import Answer, forget_idempotency_keys, perform
-from .outcomes import WAITLIST_ENTRY_NOT_FOUND, InvalidRequest, Outcome
+from .outcomes import WAITLIST_ENTRY_NOT_FOUND, WAITLIST_LIMIT_REACHED, InvalidRequest, Outcome
 from .seed import ensure_demo_catalog, seed_demo_catalog
 from .waitlist import (
     OFFER_TTL,
@@ -65,6 +65,7 @@ __all__ = [
     "MAX_AVAILABILITY_DAYS",
     "OFFER_TTL",
     "WAITLIST_ENTRY_NOT_FOUND",
+    "WAITLIST_LIMIT_REACHED",
     "Answer",
     "Availability",
     "InvalidRequest",

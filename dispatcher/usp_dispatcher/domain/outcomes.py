@@ -29,6 +29,7 @@ from usp_schemas import (
 
 __all__ = [
     "WAITLIST_ENTRY_NOT_FOUND",
+    "WAITLIST_LIMIT_REACHED",
     "InvalidRequest",
     "Outcome",
     "booking_not_found",
@@ -38,11 +39,14 @@ __all__ = [
     "slot_unavailable",
     "waitlist_closed",
     "waitlist_entry_not_found",
+    "waitlist_limit_reached",
 ]
 
 #: Our addition to the contract's codes (``OUTCOME_CODES`` allows a business its own): an unknown
 #: waitlist entry id. ``waitlist_closed`` would tell the agent the waitlist exists and is shut.
 WAITLIST_ENTRY_NOT_FOUND: Final = "waitlist_entry_not_found"
+#: Ours too: the platform already holds as many open waitlist entries as it may.
+WAITLIST_LIMIT_REACHED: Final = "waitlist_limit_reached"
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,6 +98,15 @@ def waitlist_entry_not_found(entry_id: str) -> Outcome:
         f"There is no waitlist entry {entry_id}.",
         "unrecoverable",
         "$.waitlist_entry_id",
+    )
+
+
+def waitlist_limit_reached(limit: int) -> Outcome:
+    return _error(
+        WAITLIST_LIMIT_REACHED,
+        f"Your platform already has {limit} open waitlist entries at this business, the most it may "
+        "hold: leave one that is no longer wanted first.",
+        "recoverable",
     )
 
 

@@ -13,6 +13,10 @@ stranger; that is what makes an offer worth having.
 Every transition is a conditional ``UPDATE … WHERE state = …``, so a buyer leaving while the
 scheduler expires their offer ends in exactly one of the two, with one event.
 
+Bounds: one platform holds at most ``MAX_OPEN_PER_PLATFORM`` open (joined or offered) entries,
+counted under a lock so two joins at once cannot both take the last place; every entry may be
+offered a held seat, so an unbounded list would let one platform sit on a business's capacity.
+
 Ownership: an entry records the profile of the platform that put the buyer on the list
 (``platform_profile``; ``None`` for the business); its events, the offer included, go to that
 platform and the business only, and the booking it converts into belongs to that platform too.
@@ -35,6 +39,7 @@ from usp_schemas import (
     WaitlistLeft,
     WaitlistOffered,
 )
+from usp_workers import db
 from usp_workers.models import utcnow
 
 from .catalog import find_service
@@ -45,12 +50,14 @@ from .outcomes import (
     service_not_found,
     waitlist_closed,
     waitlist_entry_not_found,
+    waitlist_limit_reached,
 )
 from .seats import claim_hold, hold_free_seat, release_hold
 from .tables import ServiceRow, SlotRow, WaitlistRow, WaitlistStatus
 from .views import waitlist_view
 
 __all__ = [
+    "MAX_OPEN_PER_PLATFORM",
     "OFFER_TTL",
     "claim_offer",
     "expire_offers",
@@ -66,7 +73,10 @@ __all__ = [
 
 #: How long an offered seat is held for the buyer (never past the slot's start).
 OFFER_TTL = timedelta(minutes=15)
+#: Open entries one platform profile may hold at once (the business's own are not counted).
+MAX_OPEN_PER_PLATFORM = 500
 _OPEN = (WaitlistStatus.JOINED, WaitlistStatus.OFFERED)
+_LIMIT_LOCK = "usp.waitlist_limit:"
 
 
 def join_waitlist(
@@ -78,16 +88,20 @@ def join_waitlist(
     correlation_id: str | None = None,
     platform_profile: str | None = None,
     now: datetime | None = None,
+    max_open: int = MAX_OPEN_PER_PLATFORM,
 ) -> WaitlistEntry | Outcome:
     """Put ``buyer`` on the service's waitlist for a seat inside ``desired_window``
     (``usp_waitlist_join``), on behalf of ``platform_profile`` (``None``: the business).
-    ``waitlist_closed`` when the window has already ended."""
+    ``waitlist_closed`` when the window has already ended; ``waitlist_limit_reached`` when the
+    platform already holds ``max_open`` open entries."""
     now = now or utcnow()
     service = find_service(session, service_id)
     if service is None:
         return service_not_found(service_id)
     if desired_window.end <= now:
         return waitlist_closed("the desired window has already ended")
+    if platform_profile is not None and _open_entries(session, platform_profile) >= max_open:
+        return waitlist_limit_reached(max_open)
     entry = WaitlistRow(
         service_id=service.id,
         window_start=desired_window.start,
@@ -103,6 +117,17 @@ def join_waitlist(
     entry = _reload(session, entry.id)
     emit_waitlist_event(session, WaitlistJoined, entry, service, now=now, correlation_id=correlation_id)
     return waitlist_view(entry, service)
+
+
+def _open_entries(session: Session, platform_profile: str) -> int:
+    db.lock_for_count(session, _LIMIT_LOCK + platform_profile, WaitlistRow)
+    statement = (
+        select(sa.func.count())
+        .select_from(WaitlistRow)
+        .where(col(WaitlistRow.platform_profile) == platform_profile)
+        .where(col(WaitlistRow.state).in_(_OPEN))
+    )
+    return int(session.exec(statement).one())
 
 
 def get_waitlist_entry(session: Session, entry_id: str) -> WaitlistEntry | Outcome:

@@ -7,7 +7,8 @@ a duplicate: the event is lost. Here an id moves through three states:
 * ``claim(event_id)`` → ``NEW`` (you own it, run the handler), ``DUPLICATE`` (already processed:
   answer 2xx, do nothing) or ``IN_PROGRESS`` (someone else is handling it right now: answer a
   retryable non-2xx, the sender comes back later).
-* ``commit(claim)`` after the handler succeeded: the id is remembered as done for ``ttl``.
+* ``commit(claim)`` after the handler succeeded: the id is remembered as done for ``ttl``
+  (``DEFAULT_TTL_SECONDS``: 31 days, longer than the service keeps events for replay).
 * ``release(claim)`` when the handler failed: the id is forgotten, the sender's retry runs again.
 
 A claim that is neither committed nor released (the process died) expires after ``lease`` seconds,
@@ -23,7 +24,16 @@ from their own modules so that this package never imports an extra.
 """
 
 from ._once import Processed, process_once
-from ._protocol import Claim, ClaimState, DedupeStore
+from ._protocol import DEFAULT_LEASE_SECONDS, DEFAULT_TTL_SECONDS, Claim, ClaimState, DedupeStore
 from .memory import MemoryDedupe
 
-__all__ = ["Claim", "ClaimState", "DedupeStore", "MemoryDedupe", "Processed", "process_once"]
+__all__ = [
+    "DEFAULT_LEASE_SECONDS",
+    "DEFAULT_TTL_SECONDS",
+    "Claim",
+    "ClaimState",
+    "DedupeStore",
+    "MemoryDedupe",
+    "Processed",
+    "process_once",
+]

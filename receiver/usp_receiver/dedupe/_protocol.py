@@ -12,9 +12,10 @@ __all__ = ["DEFAULT_LEASE_SECONDS", "DEFAULT_TTL_SECONDS", "Claim", "ClaimState"
 #: (the sender gives up on a request after 15 s), short enough that a crashed receiver's claim
 #: frees itself before the sender's second retry (5 min).
 DEFAULT_LEASE_SECONDS = 60.0
-#: How long a processed id is remembered. Covers the sender's whole retry schedule (~28 h) and
-#: admin replays for a week.
-DEFAULT_TTL_SECONDS = 7 * 24 * 3600.0
+#: How long a processed id is remembered: 31 days, a day longer than the service keeps events
+#: (``USP_RETENTION_DAYS``, 30), so every delivery the sender can still make or an operator can
+#: still replay is recognised. Raise it with the service's retention.
+DEFAULT_TTL_SECONDS = 31 * 24 * 3600.0
 
 
 class ClaimState(enum.Enum):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 
 import pytest
@@ -9,6 +11,7 @@ import pytest
 from usp_dispatcher.domain import (
     OFFER_TTL,
     WAITLIST_ENTRY_NOT_FOUND,
+    WAITLIST_LIMIT_REACHED,
     cancel_booking,
     create_booking,
     expire_offers,
@@ -70,6 +73,59 @@ def test_join_refusals(catalog: Catalog) -> None:
     message = refused(run(catalog.engine, join_waitlist, catalog.cut, past, BOB, now=NOW), WAITLIST_CLOSED)
     assert message.severity == "requires_buyer_input"
     assert event_types(catalog.engine) == []
+
+
+def test_a_platform_holds_a_bounded_number_of_open_entries(catalog: Catalog) -> None:
+    """Each entry may be offered a held seat: an unbounded list would let one platform sit on the
+    business's capacity. Entries that left free their place; other platforms and the business are
+    not held back."""
+    acme, globex = "https://acme.example/profile.json", "https://globex.example/profile.json"
+    first = join(catalog, BOB, platform_profile=acme, max_open=2)
+    join(catalog, CAROL, platform_profile=acme, max_open=2)
+    message = refused(
+        run(
+            catalog.engine,
+            join_waitlist,
+            catalog.cut,
+            DAY_ONE,
+            DAN,
+            platform_profile=acme,
+            now=NOW,
+            max_open=2,
+        ),
+        WAITLIST_LIMIT_REACHED,
+    )
+    assert "2 open waitlist entries" in message.content
+    join(catalog, DAN, platform_profile=globex, max_open=2)
+    join(catalog, DAN, max_open=2)  # the business's own
+    ok(run(catalog.engine, leave_waitlist, first.id, now=NOW))
+    join(catalog, DAN, platform_profile=acme, max_open=2)
+    assert event_types(catalog.engine).count("waitlist.joined") == 5
+
+
+def test_concurrent_joins_cannot_both_take_the_last_place(catalog: Catalog) -> None:
+    """The bound is a count, then an insert: under the lock, of two joins racing for the last
+    place exactly one gets it."""
+    acme = "https://acme.example/profile.json"
+    barrier = threading.Barrier(4)
+
+    def attempt(buyer: Buyer) -> object:
+        barrier.wait()
+        return run(
+            catalog.engine,
+            join_waitlist,
+            catalog.cut,
+            DAY_ONE,
+            buyer,
+            platform_profile=acme,
+            now=NOW,
+            max_open=1,
+        )
+
+    with ThreadPoolExecutor(4) as pool:
+        results = list(pool.map(attempt, [BOB, CAROL, DAN, ALICE]))
+    assert sum(isinstance(result, WaitlistEntry) for result in results) == 1
+    assert event_types(catalog.engine).count("waitlist.joined") == 1
 
 
 def test_cancel_offers_the_seat_to_the_oldest_matching_entry(catalog: Catalog) -> None:
