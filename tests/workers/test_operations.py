@@ -725,6 +725,9 @@ async def test_redrive_filtered_and_all(
         listed = page_through(lambda **kw: operations.dead_letter(s, DeadLetterFilter(), **kw), limit=3)
         assert len(listed) == 4
         assert {d.event_type for d in listed} == {"booking.confirmed", "booking.cancelled"}
+        for item in listed:  # each item shows why it died
+            assert [a.outcome for a in item.attempts] == ["retry", "retry", "retry", "dead"]
+            assert item.attempts[-1].status_code == 503
         mine = operations.dead_letter(s, DeadLetterFilter(subscription_id=first_id)).items
         assert [d.subscription_id for d in mine] == [first_id, first_id]
         job = operations.start_redrive(
@@ -735,18 +738,27 @@ async def test_redrive_filtered_and_all(
     await settle(database, settings, client, clock)
     assert first.arrivals == [cancelled]
     assert second.arrivals == []
+    with session(database) as s:
+        (redriven,) = [d for d in deliveries_of(database) if d.status == DeliveryStatus.SUPERSEDED]
+        assert (redriven.subscription_id, redriven.event_id) == (first_id, cancelled)
+        successor = s.get(Delivery, redriven.superseded_by)
+        assert successor is not None
+        assert (successor.status, successor.event_id) == (DeliveryStatus.SUCCEEDED, cancelled)
+        assert len(operations.dead_letter(s, DeadLetterFilter()).items) == 3, "it left the dead letter"
 
     with session(database) as s:
         everything = operations.start_redrive(s, DeadLetterFilter())
-    assert everything.total == 3, "the redriven row has a newer delivery: not taken again"
+    assert everything.total == 3, "the redriven row is superseded: not taken again"
     operations.run_job(database, everything.id, now=clock)
     await settle(database, settings, client, clock)
     assert sorted(first.arrivals) == sorted([cancelled, confirmed])
     assert sorted(second.arrivals) == sorted([cancelled, confirmed])
     with session(database) as s:
-        # The dead rows stay in the dead letter (history); their events have since succeeded.
-        assert len(operations.dead_letter(s, DeadLetterFilter()).items) == 4
+        # The dead rows stay as history (superseded, each naming its successor); the dead letter is empty.
+        assert operations.dead_letter(s, DeadLetterFilter()).items == []
         assert operations.start_redrive(s, DeadLetterFilter()).total == 0
+    statuses = Counter(d.status for d in deliveries_of(database))
+    assert statuses == {DeliveryStatus.SUPERSEDED: 4, DeliveryStatus.SUCCEEDED: 4}
 
 
 def test_redrive_skips_disabled_subscriptions(database: Engine, endpoints: Endpoints) -> None:

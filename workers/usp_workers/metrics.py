@@ -9,14 +9,15 @@ aggregate queries in one short read-only transaction; scrape every 15 to 60 s.
 Series (all gauges but the histogram, since retention deletes rows and counts may fall):
 
 * ``usp_deliveries{status, event_type}``: deliveries by status (pending, in_flight, succeeded,
-  dead) and event type, over the retained history (:mod:`usp_workers.retention`);
+  dead, superseded: dead and delivered again) and event type, over the retained history
+  (:mod:`usp_workers.retention`);
 * ``usp_queue_depth{state}``: ``due`` (pending, ``next_attempt_at`` passed), ``scheduled``
   (pending, later: retries and paused deliveries) and ``in_flight``;
 * ``usp_oldest_due_delivery_age_seconds``: how late the most overdue pending delivery is (the
   backlog alarm: a healthy fleet keeps it near the relay interval);
 * ``usp_oldest_pending_delivery_age_seconds``: the age of the oldest unfinished delivery;
-* ``usp_dead_letter_size``: dead deliveries not yet superseded by a newer delivery of the same
-  event to the same subscription (a redrive or replay), so it falls once they are re-sent;
+* ``usp_dead_letter_size``: dead deliveries, the same number as ``usp_deliveries{status="dead"}``
+  summed; it falls as soon as a replay, recover or redrive supersedes them;
 * ``usp_attempt_duration_seconds{outcome}``: a histogram of the attempts that *started in the
   last* ``metrics_window_seconds`` (default 5 min) — a window, not a lifetime counter: it is
   recomputed from the attempts table each scrape, so use its values directly (or
@@ -99,20 +100,8 @@ def snapshot(engine: Engine, settings: Settings, *, now: datetime | None = None)
             .group_by(d.status, _events.c.event_type)
         ).all()
         result.deliveries = {(row[0], row[1]): int(row[2]) for row in rows}
-        # The dead letter: dead deliveries no newer delivery of the same event to the same
-        # subscription superseded (a redrive or replay keeps the dead row and adds one), i.e.
-        # what a redrive would still take.
-        newer = _deliveries.alias("newer")
-        superseded = sa.exists().where(
-            newer.c.event_id == d.event_id,
-            newer.c.subscription_id == d.subscription_id,
-            newer.c.id > d.id,
-        )
-        result.dead = int(
-            connection.execute(
-                sa.select(sa.func.count()).where(d.status == DeliveryStatus.DEAD.value, ~superseded)
-            ).scalar_one()
-        )
+        # The dead letter: a dead delivery delivered again is "superseded", counted apart.
+        result.dead = sum(n for (status, _), n in result.deliveries.items() if status == DeliveryStatus.DEAD)
         result.in_flight = sum(
             n for (status, _), n in result.deliveries.items() if status == DeliveryStatus.IN_FLIGHT
         )

@@ -100,6 +100,8 @@ class DeliveryStatus(enum.StrEnum):
     IN_FLIGHT = "in_flight"  #: a worker holds it until ``lease_until``
     SUCCEEDED = "succeeded"
     DEAD = "dead"  #: exhausted its schedule, or its subscription is gone: the dead letter
+    #: was dead; a replay, recover or redrive made ``superseded_by`` to deliver it again
+    SUPERSEDED = "superseded"
 
 
 class AttemptOutcome(enum.StrEnum):
@@ -229,6 +231,7 @@ class Delivery(SQLModel, table=True):
     created_at: datetime = Field(default_factory=utcnow, sa_type=UtcDateTime)
     updated_at: datetime = Field(default_factory=utcnow, sa_type=UtcDateTime)
     completed_at: datetime | None = Field(default=None, sa_type=UtcDateTime)
+    superseded_by: str | None = Field(default=None, max_length=40)
 
 
 class Attempt(SQLModel, table=True):

@@ -252,6 +252,7 @@ class DeliveryView:
     last_error: str | None
     created_at: datetime
     completed_at: datetime | None
+    superseded_by: str | None = None
     event_type: str | None = None
     attempts: list[AttemptView] = field(default_factory=list)
 
@@ -405,14 +406,7 @@ def event_detail(session: Session, event_id: str) -> EventDetail:
     deliveries = connection.execute(
         sa.select(_deliveries).where(_deliveries.c.event_id == event_id).order_by(_deliveries.c.id)
     ).all()
-    attempts: dict[str, list[AttemptView]] = {}
-    if deliveries:
-        for row in connection.execute(
-            sa.select(_attempts)
-            .where(_attempts.c.delivery_id.in_([d.id for d in deliveries]))
-            .order_by(_attempts.c.delivery_id, _attempts.c.attempt_number, _attempts.c.id)
-        ):
-            attempts.setdefault(row.delivery_id, []).append(_attempt_view(row))
+    attempts = _attempts_of(connection, [d.id for d in deliveries])
     counts: dict[str, int] = {}
     for row in deliveries:
         counts[row.status] = counts.get(row.status, 0) + 1
@@ -472,6 +466,7 @@ def replay_event(
                 # As emit's: marked handed off now; the relay re-sends only if the hand-off is lost.
                 [_new_delivery(did, event_id, sid, moment, enqueued_at=moment) for did, sid in created],
             )
+            _supersede(session.connection(), [(did, event_id, sid) for did, sid in created], moment)
         except sa.exc.IntegrityError:
             # SQLite has no row lock to hold retention off: it pruned the event since we read it.
             session.rollback()
@@ -481,6 +476,21 @@ def replay_event(
         _enqueue_after_commit(session, [did for did, _ in created])
     session.commit()
     return Replayed(event_id, created)
+
+
+def _supersede(connection: sa.Connection, created: list[tuple[str, str, str]], moment: datetime) -> None:
+    """Mark the dead deliveries of each new delivery's (event, subscription) as superseded by it,
+    so that the dead letter, the metrics and the subscription counts stop counting them."""
+    connection.execute(
+        sa.update(_deliveries)
+        .where(
+            _deliveries.c.event_id == sa.bindparam("e"),
+            _deliveries.c.subscription_id == sa.bindparam("s"),
+            _deliveries.c.status == DeliveryStatus.DEAD.value,
+        )
+        .values(status=DeliveryStatus.SUPERSEDED.value, superseded_by=sa.bindparam("by"), updated_at=moment),
+        [{"by": new, "e": event, "s": subscription} for new, event, subscription in created],
+    )
 
 
 def _no_event_to_replay(event_id: str) -> NotFound:
@@ -497,8 +507,9 @@ def _no_event_to_replay(event_id: str) -> NotFound:
 def dead_letter(
     session: Session, filters: DeadLetterFilter, *, cursor: str | None = None, limit: int = 50
 ) -> Page[DeliveryView]:
-    """Dead deliveries matching ``filters``, newest first (redriven ones included: the row stays
-    dead; its event's later deliveries show what became of it)."""
+    """Dead deliveries matching ``filters``, newest first, each with its attempts. A delivery
+    delivered again (replay, recover, redrive) leaves the dead letter: it is ``superseded``, and
+    ``superseded_by`` names the delivery that took its place."""
     _check_range(filters.since, filters.until)
     limit = _clamp(limit)
     statement = (
@@ -514,8 +525,22 @@ def dead_letter(
     rows = session.connection().execute(statement).all()
     more = len(rows) > limit
     rows = rows[:limit]
-    items = [_delivery_view(row, event_type=row.event_type) for row in rows]
+    attempts = _attempts_of(session.connection(), [row.id for row in rows])
+    items = [_delivery_view(row, event_type=row.event_type, attempts=attempts.get(row.id)) for row in rows]
     return Page(items, encode_cursor(rows[-1].id) if more else None)
+
+
+def _attempts_of(connection: sa.Connection, delivery_ids: list[str]) -> dict[str, list[AttemptView]]:
+    """Every attempt of each delivery, in order."""
+    attempts: dict[str, list[AttemptView]] = {}
+    if delivery_ids:
+        for row in connection.execute(
+            sa.select(_attempts)
+            .where(_attempts.c.delivery_id.in_(delivery_ids))
+            .order_by(_attempts.c.delivery_id, _attempts.c.attempt_number, _attempts.c.id)
+        ):
+            attempts.setdefault(row.delivery_id, []).append(_attempt_view(row))
+    return attempts
 
 
 # ------------------------------------------------------------------------------- jobs
@@ -697,6 +722,9 @@ def step_job(
         ]
         if fresh:
             connection.execute(sa.insert(_deliveries), fresh)
+            _supersede(
+                connection, [(row["id"], row["event_id"], row["subscription_id"]) for row in fresh], moment
+            )
         waiting = [row.id for row in rows if row.status == DeliveryStatus.PENDING.value]
         if waiting:
             brought = connection.execute(
@@ -963,6 +991,7 @@ def _delivery_view(
         last_error=row.last_error,
         created_at=row.created_at,
         completed_at=row.completed_at,
+        superseded_by=row.superseded_by,
         event_type=event_type,
         attempts=attempts or [],
     )

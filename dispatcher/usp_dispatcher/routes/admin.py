@@ -97,6 +97,10 @@ class DeliveryOut(_Out):
     last_error: str | None
     created_at: datetime
     completed_at: datetime | None
+    superseded_by: str | None = Field(
+        default=None,
+        description="status superseded: the delivery a replay, recover or redrive made in its place",
+    )
     event_type: str | None = Field(default=None, description="set in dead-letter listings")
     attempts: list[AttemptOut] = Field(default_factory=list, description="every try, oldest first")
 

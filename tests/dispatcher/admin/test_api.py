@@ -201,8 +201,9 @@ def test_replay_to_all_to_one_and_back_fill_keep_history(
     rows = deliveries(engine, event_id)
     assert len(rows) == 4
     kept = next(r for r in rows if r.id == original.id)
-    assert (kept.status, kept.attempt_count) == (DeliveryStatus.DEAD, 8), "history kept"
+    assert (kept.status, kept.attempt_count) == (DeliveryStatus.SUPERSEDED, 8), "history kept"
     new = [r.id for r in rows if r.id != original.id]
+    assert kept.superseded_by in new, "the first replay to its subscription took its place"
     assert all(r.status == DeliveryStatus.PENDING for r in rows if r.id in new)
     assert tasks.flush_enqueuer(), "the API's hand-off publishes what it holds"
     handed = [arg for task, arg in broker_tasks(tmp_path) if task == "usp.deliver"]
@@ -266,8 +267,8 @@ def test_recover_records_a_job_sends_it_to_the_workers_and_reports_progress(
         statuses = sorted((d.subscription_id, d.status) for d in deliveries(engine, event_id))
         assert statuses == sorted(
             [
-                (target["id"], DeliveryStatus.DEAD),
                 (target["id"], DeliveryStatus.PENDING),
+                (target["id"], DeliveryStatus.SUPERSEDED),
                 (other["id"], "pending"),
             ]
         )
@@ -330,6 +331,58 @@ def test_dead_letter_lists_and_redrives_filtered(client: TestClient, engine: Eng
     }
     assert set(latest.values()) == {"pending"}, "each (subscription, event) now ends in a new delivery"
     assert {s for s, _ in latest} == {first["id"], second["id"]}
+
+
+def test_every_view_of_the_dead_letter_agrees_before_and_after_a_redrive(
+    client: TestClient, engine: Engine
+) -> None:
+    """The dead-letter list, the events filter, the subscriptions' counts and /metrics count the
+    same deliveries; a redriven one leaves all four at once (superseded, naming its successor)."""
+    subscribe(client, SINK)
+    event_ids = [post_event(client, event("booking.confirmed")) for _ in range(2)]
+    with engine.begin() as connection:
+        connection.execute(sa.update(Delivery).values(status=DeliveryStatus.DEAD.value, attempt_count=8))
+
+    def views() -> dict[str, object]:
+        metrics = client.get("/metrics", headers=ADMIN).text
+        dead_series = [
+            float(line.rsplit(" ", 1)[1])
+            for line in metrics.splitlines()
+            if line.startswith("usp_deliveries{") and 'status="dead"' in line
+        ]
+        (size,) = [line for line in metrics.splitlines() if line.startswith("usp_dead_letter_size ")]
+        (health,) = walk(client, "/admin/subscriptions", {})
+        return {
+            "dead-letter": sorted(d["event_id"] for d in walk(client, "/admin/dead-letter", {})),
+            "events": sorted(e["id"] for e in walk(client, "/admin/events", {"delivery_status": "dead"})),
+            "subscriptions": health["dead"],
+            "metrics size": float(size.rsplit(" ", 1)[1]),
+            "metrics series": sum(dead_series),
+        }
+
+    assert views() == {
+        "dead-letter": sorted(event_ids),
+        "events": sorted(event_ids),
+        "subscriptions": 2,
+        "metrics size": 2.0,
+        "metrics series": 2.0,
+    }
+    job = client.post("/admin/dead-letter/redrive", headers=ADMIN).json()
+    operations.run_job(engine, job["id"])
+    assert views() == {
+        "dead-letter": [],
+        "events": [],
+        "subscriptions": 0,
+        "metrics size": 0.0,
+        "metrics series": 0.0,
+    }
+    for event_id in event_ids:
+        old, new = deliveries(engine, event_id)
+        assert (old.status, old.superseded_by, new.status) == (DeliveryStatus.SUPERSEDED, new.id, "pending")
+        detail = client.get(f"/admin/events/{event_id}", headers=ADMIN).json()
+        assert [d["superseded_by"] for d in detail["deliveries"]] == [new.id, None]
+    superseded = walk(client, "/admin/events", {"delivery_status": "superseded"})
+    assert sorted(e["id"] for e in superseded) == sorted(event_ids)
 
 
 # -- subscriptions ------------------------------------------------------------------------------------
