@@ -7,12 +7,19 @@ is the check that catches it, on SQLite and PostgreSQL.
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 
+import sqlalchemy as sa
+from alembic import command
 from alembic.autogenerate import compare_metadata
+from alembic.config import Config
 from alembic.migration import MigrationContext
 from sqlalchemy.engine import Engine
-from sqlmodel import SQLModel
+from sqlmodel import Session, SQLModel
+
+from usp_workers.db import MIGRATIONS, upgrade
+from usp_workers.models import Delivery, EventRecord, Subscription, utcnow
 
 
 def _engine_tables(name: str | None, type_: str, _parents: Any) -> bool:
@@ -25,3 +32,62 @@ def test_migrations_match_the_table_models(database: Engine) -> None:
             connection, opts={"compare_type": True, "include_name": _engine_tables}
         )
         assert compare_metadata(context, SQLModel.metadata) == []
+
+
+def test_the_superseded_migration_marks_dead_deliveries_already_delivered_again(database: Engine) -> None:
+    """Before 0005 a replay kept the dead row and added a newer one; the upgrade marks such rows
+    superseded by the first newer delivery, and leaves a dead row nothing followed in the dead
+    letter."""
+    config = Config()
+    config.set_main_option("script_location", str(MIGRATIONS))
+    with database.begin() as connection:
+        config.attributes["connection"] = connection
+        command.downgrade(config, "0004")
+    now = utcnow()
+    with Session(database) as session:  # these two tables are as 0004 left them
+        session.add(Subscription(id="sub_1", url="https://a.example/h"))
+        for event_id in ("evt_redriven", "evt_dead"):
+            session.add(
+                EventRecord(id=event_id, event_type="booking.confirmed", occurred_at=now, payload="{}")
+            )
+        session.commit()
+    with database.begin() as connection:
+        connection.execute(
+            sa.insert(_deliveries_as_of_0004()),
+            [
+                _delivery("dlv_1", "evt_redriven", "dead", now),
+                _delivery("dlv_2", "evt_redriven", "succeeded", now),
+                _delivery("dlv_3", "evt_redriven", "dead", now),
+                _delivery("dlv_4", "evt_dead", "dead", now),
+            ],
+        )
+    upgrade(database)
+    with database.connect() as connection:
+        rows = connection.execute(
+            sa.text("SELECT id, status, superseded_by FROM usp_deliveries ORDER BY id")
+        ).all()
+    assert [tuple(row) for row in rows] == [
+        ("dlv_1", "superseded", "dlv_2"),
+        ("dlv_2", "succeeded", None),
+        ("dlv_3", "dead", None),
+        ("dlv_4", "dead", None),
+    ]
+
+
+def _deliveries_as_of_0004() -> sa.TableClause:
+    table = SQLModel.metadata.tables[str(Delivery.__tablename__)]
+    columns = [sa.column(c.name, c.type) for c in table.columns if c.name != "superseded_by"]
+    return sa.table(table.name, *columns)
+
+
+def _delivery(delivery_id: str, event_id: str, status: str, now: datetime) -> dict[str, Any]:
+    return {
+        "id": delivery_id,
+        "event_id": event_id,
+        "subscription_id": "sub_1",
+        "status": status,
+        "attempt_count": 1,
+        "next_attempt_at": now,
+        "created_at": now,
+        "updated_at": now,
+    }
