@@ -9,6 +9,7 @@ something to book.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -26,7 +27,7 @@ from .domain import ensure_demo_catalog
 from .mcp.http import MCP_PATH, mount_mcp
 from .problems import install_problem_handlers
 from .request_guard import RefuseNul
-from .routes import admin, discovery, events, feed, scheduling, wellknown
+from .routes import admin, discovery, events, feed, health, scheduling, wellknown
 from .routes import metrics as metrics_routes
 from .routes import ucap as ucap_routes
 from .ucap.seed import ensure_demo_content
@@ -34,6 +35,8 @@ from .ucap.service import UcapService
 from .ucap.settings import UcapSettings
 
 __all__ = ["create_app"]
+
+logger = logging.getLogger("usp_dispatcher")
 
 
 def create_app(
@@ -49,6 +52,11 @@ def create_app(
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         if resolved.log_format == "json":  # after the server set up its own loggers
             configure_logging(resolved)
+        if resolved.admin_token is None:
+            logger.warning(
+                "USP_ADMIN_TOKEN is not set: the admin API (/admin: replay, recover, dead letter, "
+                "keys) refuses every call; set it, e.g. to the output of `openssl rand -hex 32`"
+            )
         own_engine = engine is None
         active = engine if engine is not None else db.make_engine(resolved)
         try:
@@ -80,6 +88,7 @@ def create_app(
     install_problem_handlers(app)
     ucap_routes.install_ucap_errors(app)
     app.add_middleware(RefuseNul, skip=(MCP_PATH,))  # MCP checks its arguments itself
+    app.include_router(health.router)
     app.include_router(events.router)
     app.include_router(feed.router)
     app.include_router(wellknown.router)

@@ -89,6 +89,24 @@ def migrate() -> None:
     console.print(f"database schema is up to date ([bold]{engine.url.get_backend_name()}[/bold])")
 
 
+@app.command()
+def ready() -> None:
+    """Check that the database and the broker answer (the container health check of the worker
+    and the scheduler; the API serves the same at /readyz). Exit 1 naming what failed."""
+    from usp_workers.readiness import readiness
+
+    settings = load_settings()
+    with open_engine(settings) as engine:
+        checks = readiness(engine, settings)
+    for check in checks:
+        if check.ok:
+            console.print(f"{check.name}: ok")
+        else:
+            console.print(Text(f"{check.name}: {check.error}", style="red"))
+    if not all(check.ok for check in checks):
+        raise typer.Exit(1)
+
+
 # ------------------------------------------------------------------------------------ API
 
 

@@ -147,3 +147,24 @@ def test_docker_compose_config_accepts_the_file() -> None:
         timeout=60,
     )
     assert result.returncode == 0, result.stderr
+
+
+@pytest.mark.parametrize("name", LONG_RUNNING)
+def test_long_running_services_have_a_readiness_health_check(name: str) -> None:
+    """The API probes /readyz (database and broker); the worker and the scheduler, which serve no
+    HTTP, run ``usp-webhooks ready``, the same checks."""
+    test = SERVICES[name]["healthcheck"]["test"]
+    assert test[0] == "CMD"
+    if name == "api":
+        assert "/readyz" in " ".join(test)
+        return
+    assert test[1:] == ["usp-webhooks", "ready"]
+    group = typer.main.get_command(cli_app)
+    assert isinstance(group, typer.core.TyperGroup)
+    assert "ready" in group.commands
+
+
+def test_the_readmes_compose_line_sets_the_admin_token_and_builds() -> None:
+    readme = (REPO / "README.md").read_text()
+    (line,) = [line for line in readme.splitlines() if "docker compose up" in line and "```" not in line]
+    assert line.startswith("USP_ADMIN_TOKEN=$(openssl rand -hex 32) docker compose up --build")

@@ -49,6 +49,7 @@ __all__ = [
     "prepare_broker",
     "redis_visibility_timeout",
     "settings_of",
+    "transport_options",
 ]
 
 logger = logging.getLogger("usp_workers")
@@ -77,7 +78,7 @@ def make_celery(settings: Settings) -> Celery:
     celery.conf.update(
         broker_url=broker_url,
         broker_transport=transport,
-        broker_transport_options=_transport_options(settings),
+        broker_transport_options=transport_options(settings),
         broker_connection_retry_on_startup=True,
         # Messages are lists of ids: JSON, and nothing else is accepted (no pickle from the wire).
         task_serializer="json",
@@ -141,7 +142,7 @@ def prepare_broker(celery: Celery) -> None:
         celery.amqp.queues[QUEUE](connection.default_channel).declare()
 
 
-def _transport_options(settings: Settings) -> dict[str, Any]:
+def transport_options(settings: Settings) -> dict[str, Any]:
     """Transport options for the configured broker. They are per transport: kombu's SQL transport
     passes every unknown option to ``create_engine``, which refuses what it does not know."""
     url = settings.broker_url_resolved
