@@ -85,8 +85,25 @@ def migrate() -> None:
     the delivery engine's tables, then the scheduling domain's."""
     settings = load_settings()
     with open_engine(settings) as engine:
-        database.upgrade(engine)
-    console.print(f"database schema is up to date ([bold]{engine.url.get_backend_name()}[/bold])")
+        chains = database.upgrade(engine)
+    backend = engine.url.get_backend_name()
+    created = sorted(table for chain in chains.values() for table in chain.created)
+    revisions = ", ".join(f"{name} at {chain.after}" for name, chain in chains.items())
+    if all(chain.before is None for chain in chains.values()):
+        console.print(f"created the schema on {backend} ({revisions}): {len(created)} tables")
+        console.print(Text(", ".join(created), style="dim"))
+        return
+    moved = [
+        f"{name} {chain.before} → {chain.after}"
+        for name, chain in chains.items()
+        if chain.before != chain.after
+    ]
+    if not moved:
+        console.print(f"database schema is up to date on {backend} ({revisions}): nothing to do")
+        return
+    console.print(f"upgraded the schema on {backend}: {'; '.join(moved)}")
+    if created:
+        console.print(Text("new tables: " + ", ".join(created), style="dim"))
 
 
 @app.command()

@@ -20,10 +20,15 @@ from .ucap import tables as _content_tables  # noqa: F401  (the ucap_* tables jo
 __all__ = ["MIGRATIONS", "upgrade"]
 
 MIGRATIONS = Path(__file__).with_name("migrations")
+VERSION_TABLE = "alembic_version_dispatcher"
 _MIGRATION_LOCK = 0x5553_5044  # "USPD": not the engine's lock, so the two chains never wait on each other
 
 
-def upgrade(engine: Engine, revision: str = "head") -> None:
-    """Bring both chains to their head (``revision`` applies to the domain's chain)."""
-    db.upgrade(engine)
-    db.run_migrations(engine, MIGRATIONS, lock=_MIGRATION_LOCK, revision=revision)
+def upgrade(engine: Engine, revision: str = "head") -> dict[str, db.Migrated]:
+    """Bring both chains to their head (``revision`` applies to the domain's chain); what each
+    did, by chain name (``engine``, ``domain``)."""
+    engine_chain = db.upgrade(engine)
+    domain_chain = db.run_migrations(
+        engine, MIGRATIONS, lock=_MIGRATION_LOCK, revision=revision, version_table=VERSION_TABLE
+    )
+    return {"engine": engine_chain, "domain": domain_chain}

@@ -19,8 +19,28 @@ def test_migrate_creates_the_schema(database_url: str, engine: Engine) -> None:
     engine.dispose()  # forget cached metadata
     tables = set(sa.inspect(engine).get_table_names())
     assert {"usp_events", "usp_subscriptions", "usp_deliveries", "usp_attempts", "usp_signing_keys"} <= tables
-    # Idempotent: a second run changes nothing and succeeds.
-    assert CliRunner().invoke(cli.app, ["migrate"], env={"USP_DATABASE_URL": database_url}).exit_code == 0
+    # It says what it created: every table, and where each chain now stands.
+    said = " ".join(result.output.split())
+    assert said.startswith("created the schema on ")
+    for table in ("usp_events", "usp_deliveries", "sched_bookings", "ucap_posts"):
+        assert table in said
+    assert f"{len(tables - {'alembic_version', 'alembic_version_dispatcher'})} tables" in said
+    # Idempotent: a second run changes nothing, succeeds and says so.
+    again = CliRunner().invoke(cli.app, ["migrate"], env={"USP_DATABASE_URL": database_url})
+    assert again.exit_code == 0, again.output
+    assert "up to date" in again.output
+    assert "nothing to do" in again.output
+
+
+def test_migrate_names_the_revisions_it_applied(database_url: str, engine: Engine) -> None:
+    from usp_workers import db
+
+    db.upgrade(engine, "0004")
+    result = CliRunner().invoke(cli.app, ["migrate"], env={"USP_DATABASE_URL": database_url})
+    assert result.exit_code == 0, result.output
+    said = " ".join(result.output.split())
+    assert "upgraded the schema" in said
+    assert "engine 0004 → 0005" in said
 
 
 def test_api_serves_create_app_on_the_given_address(monkeypatch: pytest.MonkeyPatch) -> None:

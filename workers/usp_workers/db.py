@@ -8,18 +8,20 @@ tables tests run against are the tables production gets.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import sqlalchemy as sa
 from alembic import command
 from alembic.config import Config
+from alembic.migration import MigrationContext
 from sqlalchemy.engine import Engine
 from sqlmodel import Session
 
 from .settings import Settings
 
-__all__ = ["MIGRATIONS", "lock_for_count", "make_engine", "run_migrations", "session", "upgrade"]
+__all__ = ["MIGRATIONS", "Migrated", "lock_for_count", "make_engine", "run_migrations", "session", "upgrade"]
 
 MIGRATIONS = Path(__file__).with_name("migrations")
 #: Seconds a new PostgreSQL connection may take to open.
@@ -69,23 +71,49 @@ def lock_for_count(session: Session, key: str, table: type[Any]) -> None:
         session.execute(sa.update(table).where(sa.false()).values(id=table.id))
 
 
-def upgrade(engine: Engine, revision: str = "head") -> None:
+@dataclass(frozen=True, slots=True)
+class Migrated:
+    """What one migration run did: the chain's revision before and after, and the tables it
+    created (in creation order is not known: sorted)."""
+
+    before: str | None
+    after: str | None
+    created: tuple[str, ...]
+
+
+def upgrade(engine: Engine, revision: str = "head") -> Migrated:
     """Bring the schema to ``revision`` (creating it from an empty database)."""
-    run_migrations(engine, MIGRATIONS, lock=_MIGRATION_LOCK, revision=revision)
+    return run_migrations(engine, MIGRATIONS, lock=_MIGRATION_LOCK, revision=revision)
 
 
-def run_migrations(engine: Engine, scripts: Path, *, lock: int, revision: str = "head") -> None:
+def run_migrations(
+    engine: Engine,
+    scripts: Path,
+    *,
+    lock: int,
+    revision: str = "head",
+    version_table: str = "alembic_version",
+) -> Migrated:
     """Run the Alembic chain in ``scripts`` to ``revision`` in one transaction, holding the
     advisory lock ``lock`` on PostgreSQL: several replicas starting together on one empty
     database must not migrate concurrently (the dispatcher runs its own chain through this
-    too, under a lock of its own)."""
+    too, under a lock of its own, recording it in ``version_table``)."""
     with engine.begin() as connection:
         if connection.dialect.name == "postgresql":
             connection.execute(sa.text("SELECT pg_advisory_xact_lock(:key)"), {"key": lock})
+        tables = set(sa.inspect(connection).get_table_names())
+        before = _revision(connection, version_table)
         config = Config()
         config.set_main_option("script_location", str(scripts))
         config.attributes["connection"] = connection
         command.upgrade(config, revision)
+        created = set(sa.inspect(connection).get_table_names()) - tables - {version_table}
+        return Migrated(before, _revision(connection, version_table), tuple(sorted(created)))
+
+
+def _revision(connection: sa.Connection, version_table: str) -> str | None:
+    context = MigrationContext.configure(connection, opts={"version_table": version_table})
+    return context.get_current_revision()
 
 
 def sqlite_pragmas(dbapi_connection: Any, *, foreign_keys: bool = True) -> None:

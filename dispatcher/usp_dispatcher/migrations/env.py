@@ -11,10 +11,9 @@ from typing import Any
 
 from alembic import context
 
+from usp_dispatcher.database import VERSION_TABLE
 from usp_dispatcher.domain.tables import DOMAIN_METADATA
 from usp_dispatcher.ucap import tables as _content_tables  # noqa: F401  (registers the ucap_* tables)
-
-VERSION_TABLE = "alembic_version_dispatcher"
 
 connection = context.config.attributes.get("connection")
 if connection is None:
