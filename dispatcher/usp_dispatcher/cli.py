@@ -15,13 +15,12 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from datetime import datetime
+from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Annotated
 
 import typer
 from rich.console import Console
-from rich.table import Table
 from rich.text import Text
 from sqlalchemy.engine import Engine
 
@@ -32,6 +31,7 @@ from . import database
 from .cli_admin import DEFAULT_URL, AdminClient, Token, Url
 from .cli_admin import register as register_operator_commands
 from .cli_content import register as register_content_commands
+from .cli_output import Json, print_json
 
 __all__ = ["app", "keys_app", "load_settings", "main", "open_engine"]
 
@@ -209,24 +209,19 @@ def up(
 
 
 @keys_app.command("list")
-def keys_list(url: Url = DEFAULT_URL, token: Token = None) -> None:
+def keys_list(url: Url = DEFAULT_URL, token: Token = None, as_json: Json = False) -> None:
     """Every signing key with its schedule and what it does now (public facts only)."""
     with AdminClient(url, token) as api:
-        items = api.call("GET", "/admin/keys")["items"]
-    table = Table(title="signing keys")
-    # The kid is what operators copy into configs and receivers' logs: never cut it short.
-    table.add_column("kid", no_wrap=True, min_width=max((len(item["kid"]) for item in items), default=3))
-    for column in ("alg", "signs_from", "retires_at", "state now"):
-        table.add_column(column, overflow="fold")
-    for item in items:
-        table.add_row(
-            Text(item["kid"]),
-            Text(item["alg"]),
-            _when(item["signs_from"]),
-            _when(item["retires_at"]),
-            Text(item["state"]),
-        )
-    console.print(table)
+        answer = api.call("GET", "/admin/keys")
+    if as_json:
+        print_json(answer)
+        return
+    # The kid (a 43-character thumbprint) is what operators copy into configs and find in
+    # receivers' logs: never cut it short. Two lines per key keep it whole within 80 columns.
+    for item in answer["items"]:
+        console.print(Text.assemble((item["kid"], "bold"), "  ", item["state"]))
+        schedule = f"signs from {_when(item['signs_from'])}, retires {_when(item['retires_at'])}"
+        console.print(Text(f"  {item['alg']}, {schedule}"))
 
 
 @keys_app.command("rotate")
@@ -255,8 +250,10 @@ def keys_rotate(
 
 
 def _when(moment: str | None) -> str:
-    """An API timestamp as the tables show it: to the second, with its offset."""
-    return "-" if moment is None else datetime.fromisoformat(moment).isoformat(timespec="seconds")
+    """An API timestamp as the key table shows it: UTC, to the minute (``--json`` has it whole)."""
+    return (
+        "-" if moment is None else datetime.fromisoformat(moment).astimezone(UTC).strftime("%Y-%m-%d %H:%MZ")
+    )
 
 
 # events, replay, recover, dead-letter, subscriptions, trigger, listen: clients of the admin API

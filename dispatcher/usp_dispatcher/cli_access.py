@@ -13,12 +13,12 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
-from rich.table import Table
 from sqlmodel import Session
 
 from usp_workers import db
 
 from .access import create_api_key, list_api_keys, revoke_api_key
+from .cli_output import Json, add_row, age, print_json, table
 
 __all__ = ["api_keys_app"]
 
@@ -58,23 +58,36 @@ def api_keys_create(
 
 
 @api_keys_app.command("list")
-def api_keys_list() -> None:
+def api_keys_list(as_json: Json = False) -> None:
     """Every key: id, principal, label, created, revoked (never the key itself)."""
     with _database() as session:
         rows = list_api_keys(session)
-    table = Table(title="API keys")
-    table.add_column("id", no_wrap=True)
-    for column in ("principal", "label", "created_at", "revoked_at"):
-        table.add_column(column, overflow="fold")
+    if as_json:
+        print_json(
+            [
+                {
+                    "id": row.id,
+                    "principal": f"key:{row.principal}",
+                    "label": row.label,
+                    "created_at": row.created_at.isoformat(),
+                    "revoked_at": None if row.revoked_at is None else row.revoked_at.isoformat(),
+                }
+                for row in rows
+            ]
+        )
+        return
+    # The whole id: it is what `api-keys revoke` takes, and the table is narrow enough for it.
+    shown = table("API keys", "id", "principal", "created", "revoked", "label")
     for row in rows:
-        table.add_row(
+        add_row(
+            shown,
             row.id,
             f"key:{row.principal}",
+            age(row.created_at.isoformat()),
+            "-" if row.revoked_at is None else age(row.revoked_at.isoformat()),
             row.label or "-",
-            row.created_at.isoformat(timespec="seconds"),
-            "-" if row.revoked_at is None else row.revoked_at.isoformat(timespec="seconds"),
         )
-    console.print(table)
+    console.print(shown)
 
 
 @api_keys_app.command("revoke")

@@ -27,7 +27,6 @@ import httpx
 import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
 from rich.text import Text
 
 from usp_receiver import ReceivedWebhook, RemoteJWKS, Verifier, WebhookReceiver
@@ -35,13 +34,15 @@ from usp_receiver.asgi import WebhookApp
 from usp_receiver.dedupe import MemoryDedupe
 from usp_schemas import BOOKING_CONFIRMED_EXAMPLE, EVENT_TYPES, new_event_id, parse_event
 
+from .cli_output import Json, add_row, age, print_json, short_id, table
 from .ucap.samples import content_sample
 
 __all__ = ["AdminClient", "register", "sample_event"]
 
 #: Everything printed comes from the API or an endpoint: plain text, never Rich markup (a
 #: response excerpt holding "[/]" must neither restyle the terminal nor crash the command).
-console = Console(highlight=False)
+# soft_wrap: a message holding a full id is never broken across lines (tables still fit the width).
+console = Console(highlight=False, soft_wrap=True)
 
 events_app = typer.Typer(help="Events the service accepted, and what became of them.", no_args_is_help=True)
 dead_letter_app = typer.Typer(help="Deliveries that exhausted their schedule.", no_args_is_help=True)
@@ -153,12 +154,14 @@ def events_list(
     subject: Annotated[str | None, typer.Option(help="Booking, service or waitlist entry id.")] = None,
     correlation: Annotated[str | None, typer.Option(help="Correlation id.")] = None,
     status: Annotated[
-        str | None, typer.Option(help="Only events with a delivery in this status (pending, dead, ...).")
+        str | None,
+        typer.Option(help="Only events with a delivery in this status (pending, dead, superseded, ...)."),
     ] = None,
     since: Since = None,
     until: Until = None,
     limit: Limit = 20,
     cursor: Cursor = None,
+    as_json: Json = False,
 ) -> None:
     """Events, newest first, with their deliveries by status."""
     params = _params(
@@ -173,47 +176,63 @@ def events_list(
     )
     with AdminClient(url, token) as api:
         page = api.call("GET", "/admin/events", params=params)
-    table = Table(title="events")
-    table.add_column("event_id", no_wrap=True)
-    for column in ("type", "subject", "accepted", "deliveries"):
-        table.add_column(column, overflow="fold")
+    if as_json:
+        print_json(page)
+        return
+    shown = table("events", "event", "subject", "age", "deliveries", "type")
     for item in page["items"]:
         counts = ", ".join(f"{n} {status}" for status, n in sorted(item["deliveries"].items())) or "-"
-        _row(table, item["id"], item["event_type"], item["subject_id"] or "-", item["created_at"], counts)
-    console.print(table)
+        add_row(
+            shown,
+            short_id(item["id"]),
+            short_id(item["subject_id"]),
+            age(item["created_at"]),
+            counts,
+            item["event_type"],
+        )
+    console.print(shown)
     _more(page)
 
 
 @events_app.command("show")
-def events_show(event_id: str, url: Url = DEFAULT_URL, token: Token = None) -> None:
+def events_show(event_id: str, url: Url = DEFAULT_URL, token: Token = None, as_json: Json = False) -> None:
     """One event: its envelope, every delivery and every attempt."""
     with AdminClient(url, token) as api:
         detail = api.call("GET", f"/admin/events/{event_id}")
+    if as_json:
+        print_json(detail)
+        return
     event = detail["event"]
     console.print(Text.assemble((event["id"], "bold"), " ", event["event_type"]))
     for name in ("subject_id", "correlation_id", "order_id", "audience", "occurred_at", "created_at"):
         console.print(f"  {name}: {event[name] if event[name] is not None else '-'}", markup=False)
-    table = Table(title="deliveries and attempts")
-    columns = ("delivery", "subscription", "status", "try", "started", "code", "ms", "outcome", "error")
-    for column in (*columns, "response"):
-        table.add_column(column, overflow="fold")
     for delivery in detail["deliveries"]:
-        _row(table, delivery["id"], delivery["subscription_id"], delivery["status"], *[""] * 7)
+        status = delivery["status"]
+        if delivery["superseded_by"]:
+            status += f" by {short_id(delivery['superseded_by'])}"
+        console.print(
+            Text.assemble(
+                "\ndelivery ",
+                (short_id(delivery["id"]), "bold"),
+                f" to {short_id(delivery['subscription_id'])}: {status}, {delivery['attempt_count']} tries",
+            )
+        )
+        if not delivery["attempts"]:
+            continue
+        tries = table(None, "try", "age", "code", "ms", "outcome", "response / error")
         for attempt in delivery["attempts"]:
-            _row(
-                table,
-                "",
-                "",
-                "",
-                str(attempt["attempt_number"]),
-                attempt["started_at"],
-                str(attempt["status_code"] or "-"),
+            # What the endpoint said, else what went wrong (a timeout, a refused connection).
+            said = (attempt["response_excerpt"] or "")[:_EXCERPT] or attempt["error_class"] or ""
+            add_row(
+                tries,
+                attempt["attempt_number"],
+                age(attempt["started_at"]),
+                attempt["status_code"] or "-",
                 f"{attempt['duration_ms']:.0f}",
                 attempt["outcome"],
-                attempt["error_class"] or "",
-                (attempt["response_excerpt"] or "")[:_EXCERPT],
+                " ".join(said.split()),
             )
-    console.print(table)
+        console.print(tries)
 
 
 def replay(
@@ -267,8 +286,9 @@ def dead_letter_list(
     cursor: Cursor = None,
     url: Url = DEFAULT_URL,
     token: Token = None,
+    as_json: Json = False,
 ) -> None:
-    """Dead deliveries, newest first."""
+    """Dead deliveries, newest first (``--json``: each with its attempts)."""
     params = _params(
         subscription_id=subscription,
         event_type=event_type,
@@ -279,23 +299,21 @@ def dead_letter_list(
     )
     with AdminClient(url, token) as api:
         page = api.call("GET", "/admin/dead-letter", params=params)
-    table = Table(title="dead letter")
-    table.add_column("delivery", no_wrap=True)
-    for column in ("event_id", "type", "subscription", "tries", "last", "died"):
-        table.add_column(column, overflow="fold")
+    if as_json:
+        print_json(page)
+        return
+    shown = table("dead letter", "event", "subscription", "tries", "last", "died", "type")
     for item in page["items"]:
-        last = str(item["last_status_code"] or item["last_error"] or "-")
-        _row(
-            table,
-            item["id"],
-            item["event_id"],
+        add_row(
+            shown,
+            short_id(item["event_id"]),
+            short_id(item["subscription_id"]),
+            item["attempt_count"],
+            item["last_status_code"] or item["last_error"] or "-",
+            age(item["completed_at"]),
             item["event_type"] or "-",
-            item["subscription_id"],
-            str(item["attempt_count"]),
-            last,
-            item["completed_at"] or "-",
         )
-    console.print(table)
+    console.print(shown)
     _more(page)
 
 
@@ -324,10 +342,15 @@ def jobs_show(
     wait: Annotated[bool, typer.Option("--wait/--no-wait", help="Follow it with a progress bar.")] = False,
     url: Url = DEFAULT_URL,
     token: Token = None,
+    as_json: Json = False,
 ) -> None:
     """A job's progress (``--wait``: until it ends)."""
     with AdminClient(url, token) as api:
-        _follow(api, api.call("GET", f"/admin/jobs/{job_id}"), wait=wait)
+        job = api.call("GET", f"/admin/jobs/{job_id}")
+        if as_json:
+            print_json(job)
+            return
+        _follow(api, job, wait=wait)
 
 
 @jobs_app.command("resume")
@@ -370,43 +393,37 @@ def subscriptions_list(
     cursor: Cursor = None,
     url: Url = DEFAULT_URL,
     token: Token = None,
+    as_json: Json = False,
 ) -> None:
-    """Subscriptions with their health: success rate (24 h), last success, failure streak, state."""
+    """Subscriptions with their health: state (with an open breaker or a rate limit), success
+    rate over 24 h, last success, failure streak, pending and dead deliveries."""
     with AdminClient(url, token) as api:
         page = api.call(
             "GET", "/admin/subscriptions", params=_params(state=state, limit=limit, cursor=cursor)
         )
-    table = Table(title="subscriptions")
-    table.add_column("id", no_wrap=True)
-    columns = (
-        "url",
-        "state",
-        "breaker",
-        "rate limit",
-        "success 24h",
-        "last success",
-        "failures",
-        "pending",
-        "dead",
-    )
-    for column in columns:
-        table.add_column(column, overflow="fold")
+    if as_json:
+        print_json(page)
+        return
+    shown = table("subscriptions", "id", "state", "ok 24h", "last ok", "streak", "pending", "dead", "url")
     for item in page["items"]:
         rate = item["success_rate"]
-        _row(
-            table,
-            item["id"],
+        condition = [item["state"] + (f" ({item['disabled_reason']})" if item["disabled_reason"] else "")]
+        if item["breaker_state"] != "closed":
+            condition.append(f"breaker {item['breaker_state']}")
+        if item["rate_limit"] is not None:
+            condition.append(f"{item['rate_limit']}/s")
+        add_row(
+            shown,
+            short_id(item["id"]),
+            ", ".join(condition),
+            "-" if rate is None else f"{rate:.0%}/{item['recent_attempts']}",
+            age(item["last_success_at"]),
+            item["consecutive_failures"],
+            item["pending"],
+            item["dead"],
             item["url"],
-            item["state"] + (f" ({item['disabled_reason']})" if item["disabled_reason"] else ""),
-            item["breaker_state"],
-            "-" if item["rate_limit"] is None else f"{item['rate_limit']}/s",
-            "-" if rate is None else f"{rate:.0%} of {item['recent_attempts']}",
-            item["last_success_at"] or "-",
-            str(item["consecutive_failures"]),
-            str(item["pending"]),
-            str(item["dead"]),
         )
-    console.print(table)
+    console.print(shown)
     _more(page)
 
 
@@ -664,11 +681,6 @@ def _when(text: str | None) -> str | None:
     if moment.tzinfo is None:
         _fail(f"{text!r} has no UTC offset: add Z or +hh:mm", code=2)
     return moment.isoformat()
-
-
-def _row(table: Table, *cells: object) -> None:
-    """A table row of plain text (see :data:`console`)."""
-    table.add_row(*(Text(str(cell)) for cell in cells))
 
 
 def _more(page: Mapping[str, Any]) -> None:

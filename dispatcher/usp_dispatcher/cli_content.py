@@ -11,11 +11,11 @@ from typing import Annotated, Any
 
 import typer
 from rich.console import Console
-from rich.table import Table
 
 from usp_workers import db
 
 from .cli_admin import DEFAULT_URL, AdminClient, Token, Url
+from .cli_output import Json, add_row, print_json, short_id, table
 
 __all__ = ["register"]
 
@@ -67,18 +67,21 @@ def subscriptions(
     status: Annotated[str | None, typer.Option(help="pending_payment, active, expired or cancelled.")] = None,
     url: Url = DEFAULT_URL,
     token: Token = None,
+    as_json: Json = False,
 ) -> None:
     """Agents' subscriptions, newest first."""
     params = {} if status is None else {"status": status}
     with AdminClient(url, token) as api:
-        rows: list[dict[str, Any]] = api.call("GET", "/admin/ucap/subscriptions", params=params)[
-            "subscriptions"
-        ]
-    table = Table("id", "publication", "tier", "status", "method", "price", "agent")
-    for row in rows:
+        answer = api.call("GET", "/admin/ucap/subscriptions", params=params)
+    if as_json:
+        print_json(answer)
+        return
+    shown = table(None, "id", "publication", "tier", "status", "method", "price", "agent")
+    for row in answer["subscriptions"]:
         price = row["price"]
-        table.add_row(
-            row["id"],
+        add_row(
+            shown,
+            short_id(row["id"]),
             row["publisher_id"],
             row["tier_id"],
             row["status"],
@@ -86,7 +89,7 @@ def subscriptions(
             f"{price['amount'] / 100:.2f} {price['currency']}/{price['interval']}",
             row["agent"]["key_directory"],
         )
-    console.print(table)
+    console.print(shown)
 
 
 @payments_app.command("confirm")

@@ -32,7 +32,7 @@ def base(make_settings: MakeSettings, serve: Serve) -> str:
 
 
 def run(base: str, *args: str, token: str = ADMIN_TOKEN) -> Result:
-    env = {"USP_ADMIN_URL": base, "USP_ADMIN_TOKEN": token, "COLUMNS": "200"}
+    env = {"USP_ADMIN_URL": base, "USP_ADMIN_TOKEN": token, "COLUMNS": "80"}
     return CliRunner().invoke(cli, list(args), env=env)
 
 
@@ -117,6 +117,11 @@ def test_keys_list_shows_schedule_but_no_private_members(base: str, engine: Engi
         assert private["d"] not in result.output
     assert "signing" in result.output
     assert "not signing yet" in result.output
+    as_json = run(base, "keys", "list", "--json")
+    assert as_json.exit_code == 0, as_json.output
+    listed = json.loads(as_json.output)["items"]
+    assert sorted(item["kid"] for item in listed) == sorted(record.kid for record in records)
+    assert all("d" not in item for item in listed)
 
 
 def test_keys_commands_need_the_admin_token(base: str) -> None:

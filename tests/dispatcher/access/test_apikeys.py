@@ -3,6 +3,7 @@ token is the business. And the ``usp-webhooks api-keys`` commands."""
 
 from __future__ import annotations
 
+import json
 import re
 
 import pytest
@@ -112,6 +113,12 @@ def test_cli_creates_lists_and_revokes(migrated: Engine, database_url: str, sess
     assert row.id in listed.output
     assert "key:acme" in listed.output
     assert plaintext not in listed.output
+    as_json = CliRunner().invoke(cli.app, ["api-keys", "list", "--json"], env=env)
+    assert as_json.exit_code == 0, as_json.output
+    assert [(k["id"], k["principal"], k["label"]) for k in json.loads(as_json.output)] == [
+        (row.id, "key:acme", "laptop")
+    ]
+    assert plaintext not in as_json.output
 
     revoked = CliRunner().invoke(cli.app, ["api-keys", "revoke", row.id], env=env)
     assert revoked.exit_code == 0, revoked.output

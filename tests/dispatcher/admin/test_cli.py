@@ -9,6 +9,7 @@ over HTTP like an operator's terminal would.
 
 from __future__ import annotations
 
+import json
 import re
 import threading
 import time
@@ -30,6 +31,7 @@ from tests.workers.support import Pipeline, WorkerProcess
 from usp_dispatcher import cli
 from usp_dispatcher.app import create_app
 from usp_dispatcher.cli_admin import sample_event
+from usp_dispatcher.cli_output import short_id
 from usp_receiver import JWKS
 from usp_schemas import EVENT_TYPES, parse_event
 from usp_workers.models import Delivery, DeliveryStatus, Subscription
@@ -50,7 +52,7 @@ class Live:
     worker: WorkerProcess
 
     def run(self, *args: str, token: str | None = ADMIN_TOKEN) -> Result:
-        env = {"USP_ADMIN_URL": self.base, "COLUMNS": "300"}
+        env = {"USP_ADMIN_URL": self.base, "COLUMNS": "80"}
         env["USP_ADMIN_TOKEN"] = token or ""
         return CliRunner().invoke(cli.app, list(args), env=env)
 
@@ -133,11 +135,14 @@ def test_trigger_then_replay_end_to_end(live: Live) -> None:
     )
     shown = live.ok("events", "show", event_id)
     for delivery in deliveries(live.engine):
-        assert delivery.id in shown
+        assert short_id(delivery.id) in shown
     assert shown.count("succeeded") >= 4  # two deliveries, one successful attempt each
+    detail = json.loads(live.ok("events", "show", event_id, "--json"))
+    assert {d["id"] for d in detail["deliveries"]} == {d.id for d in deliveries(live.engine)}
     listed = live.ok("events", "list", "--type", "booking.confirmed")
-    assert event_id in listed
+    assert short_id(event_id) in listed
     assert "2 succeeded" in listed
+    assert [e["id"] for e in json.loads(live.ok("events", "list", "--json"))["items"]] == [event_id]
 
 
 def test_recover_runs_as_a_job_in_the_worker_with_progress(live: Live) -> None:
@@ -162,8 +167,8 @@ def test_recover_runs_as_a_job_in_the_worker_with_progress(live: Live) -> None:
     assert "done: 3 deliveries re-sent" in live.ok("jobs", "show", job.group(0))
     wait_until(lambda: sorted(receiver.handled) == sorted(event_ids), "every missed event", live)
 
-    dead = live.ok("dead-letter", "list", "--subscription", subscription)
-    assert not any(event_id in dead for event_id in event_ids), "recovered: no longer in the dead letter"
+    dead = json.loads(live.ok("dead-letter", "list", "--subscription", subscription, "--json"))
+    assert dead["items"] == [], "recovered: no longer in the dead letter"
     shown = live.ok("events", "show", event_ids[0])
     assert "superseded" in shown, "the old row stays as history"
 
@@ -171,9 +176,11 @@ def test_recover_runs_as_a_job_in_the_worker_with_progress(live: Live) -> None:
 def test_subscriptions_list_disable_enable_rate_limit(live: Live) -> None:
     url, _ = live.endpoint("subs", Answer(200))
     subscription = live.subscribe(url)
-    assert subscription in live.ok("subscriptions", "list")
+    assert short_id(subscription) in live.ok("subscriptions", "list")
     assert f"{subscription} is disabled" in live.ok("subscriptions", "disable", subscription)
-    assert "disabled by an operator" in live.ok("subscriptions", "list", "--state", "disabled")
+    assert "disabled (disabled by" in live.ok("subscriptions", "list", "--state", "disabled")
+    (disabled,) = json.loads(live.ok("subscriptions", "list", "--state", "disabled", "--json"))["items"]
+    assert (disabled["id"], disabled["disabled_reason"]) == (subscription, "disabled by an operator")
     assert f"{subscription} is active" in live.ok("subscriptions", "enable", subscription)
 
     limited = live.ok("subscriptions", "rate-limit", subscription, "7")
@@ -191,6 +198,28 @@ def test_subscriptions_list_disable_enable_rate_limit(live: Live) -> None:
     assert f"{subscription}: no rate limit" in live.ok("subscriptions", "rate-limit", subscription, "--off")
     assert rate_limit(live.engine, subscription) is None
     assert "7/s" not in live.ok("subscriptions", "list")
+
+
+def test_tables_fit_80_columns_one_line_per_row(live: Live) -> None:
+    """Long ids are shortened, long values cut with an ellipsis: each row stays one line."""
+    url, _ = live.endpoint("wide", Answer(503))
+    subscriptions = [live.subscribe(url + "/" + "x" * 60) for _ in range(2)]
+    event_ids = [event_id_in(live.ok("trigger", "catalog.availability.changed")) for _ in range(3)]
+    wait_until(lambda: all(d.attempt_count >= 1 for d in deliveries(live.engine)), "first tries", live)
+    with live.engine.begin() as connection:
+        connection.execute(sa.update(Delivery).values(status=DeliveryStatus.DEAD.value))
+    for args, ids in (
+        (("events", "list"), event_ids),
+        (("dead-letter", "list"), event_ids),
+        (("subscriptions", "list"), subscriptions),
+        (("events", "show", event_ids[0]), subscriptions),
+    ):
+        output = live.ok(*args)
+        lines = output.splitlines()
+        assert max(len(line) for line in lines) <= 80, output
+        for full in ids:
+            rows = [line for line in lines if short_id(full) in line]
+            assert rows, (args, full, output)
 
 
 def test_listen_prints_verified_events_forwards_them_and_unsubscribes(live: Live) -> None:
