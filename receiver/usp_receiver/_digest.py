@@ -41,6 +41,6 @@ def check_content_digest(field_value: str | None, body: bytes) -> None:
     try:
         ContentDigest.verify(field_value, body)
     except HTTPMessageSignaturesException as exc:
-        raise DigestMismatch(f"Content-Digest does not match the body: {exc}") from None
+        raise DigestMismatch(str(exc)) from None  # its own words: "... does not match the message body"
     except (ValueError, TypeError, UnicodeError) as exc:
         raise DigestMismatch(f"Content-Digest is malformed: {exc}") from None

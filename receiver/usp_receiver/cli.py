@@ -217,6 +217,9 @@ def _check(
 
 
 def _resolver(source: str, allow_insecure_http: bool) -> KeyResolver:
+    if source.startswith("http://") and not allow_insecure_http:
+        # The library's own message names its keyword; here the user typed an option.
+        _fail(f"the JWKS URL {source} is plain http: add --allow-insecure-http to allow it (local tests)")
     if source.startswith(("http://", "https://")):
         return _or_usage(lambda: RemoteJWKS(source, allow_insecure_http=allow_insecure_http))
     try:
