@@ -96,6 +96,31 @@ async def test_each_session_gets_its_profiles_matching_events_signed_and_in_orde
         assert verified.params["event_id"] == params["event_id"]
 
 
+async def test_a_profile_without_an_active_subscription_hears_nothing_on_its_sessions(
+    prepared: Engine, settings: Settings
+) -> None:
+    """A session pushes what its profile subscribed to, nothing more (README: a session does not
+    subscribe by itself): a third profile's session hears none of its own bookings until it
+    subscribes, then hears the next ones."""
+    third = "https://third.example/.well-known/usp/profile.json"
+    hub = LiveHub()
+    inbox, acme = Inbox(), Inbox()
+    async with running(hub, prepared, settings):
+        hub.attach("third", third, inbox)
+        hub.attach("acme", PROFILE, acme)
+        unheard = emit(prepared, "booking.created", audience=third)
+        fence = emit(prepared, "booking.created", audience=PROFILE)
+        await wait_until(lambda: fence in acme.event_ids)
+        assert inbox.event_ids == []
+        with db.session(prepared) as session:
+            session.add(Subscription(url="http://127.0.0.1:9/t", platform_profile=third))
+            session.commit()
+        heard = emit(prepared, "booking.created", audience=third)
+        await wait_until(lambda: heard in inbox.event_ids)
+    assert inbox.event_ids == [heard]
+    assert unheard not in inbox.event_ids
+
+
 async def test_a_commit_in_this_process_wakes_the_hub(prepared: Engine, settings: Settings) -> None:
     """With polling practically off, only the commit hook can bring the event in."""
     hub = LiveHub()
