@@ -104,3 +104,12 @@ def test_the_run_command_works_from_a_fresh_clone(up_from_clone: Up, clone: Path
 
         assert_up_delivers_and_stops(up_from_clone, serve, timeout=FIRST_START_TIMEOUT)
     assert (clone / ".venv").is_dir(), "uv ran the clone's own environment"
+
+
+def test_the_readme_names_the_test_environment_variables_and_their_defaults() -> None:
+    from tests.conftest import DEFAULT_POSTGRES_URL, DEFAULT_REDIS_URL, POSTGRES_URL_ENV, REDIS_URL_ENV
+
+    readme = (REPO / "README.md").read_text()
+    for variable, default in ((REDIS_URL_ENV, DEFAULT_REDIS_URL), (POSTGRES_URL_ENV, DEFAULT_POSTGRES_URL)):
+        assert f"| `{variable}` | `{default}` |" in readme
+    assert (REPO / "tests" / "fixtures" / "rfc9421.json").is_file()

@@ -1,4 +1,6 @@
-"""Access to ``../shared/vectors/rfc9421.json`` (RFC 9421 Appendix B, RFC 9530, Web Bot Auth)."""
+"""The RFC 9421 test vectors: ``tests/fixtures/rfc9421.json`` (RFC 9421 Appendix B keys and
+cases, RFC 9530, Web Bot Auth draft vectors; public RFC test data, each part's source is named in
+the file's ``source`` fields). Kept in the repository so a fresh clone runs every test."""
 
 from __future__ import annotations
 
@@ -8,24 +10,16 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from usp_receiver import PublicKey, SigningKey
 from usp_receiver._keys import b64url_encode
 
-VECTORS = Path(__file__).resolve().parents[2].parent / "shared" / "vectors" / "rfc9421.json"
+VECTORS = Path(__file__).resolve().parents[1] / "fixtures" / "rfc9421.json"
 
 
 @cache
-def _load() -> dict[str, Any]:
-    return dict(json.loads(VECTORS.read_text()))
-
-
 def vectors() -> dict[str, Any]:
-    """The vector file; skips (with the reason) only when ``../shared`` is absent."""
-    if not VECTORS.exists():
-        pytest.skip(f"RFC 9421 vectors not found at {VECTORS}: ../shared/ is missing beside the repo")
-    return _load()
+    """The vector file (no skip: it ships with the tests)."""
+    return dict(json.loads(VECTORS.read_text()))
 
 
 def case(case_id: str) -> dict[str, Any]:
