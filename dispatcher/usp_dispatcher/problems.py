@@ -10,9 +10,12 @@ exception says reaches the client; the server log gets the traceback.
 from __future__ import annotations
 
 import logging
+import threading
+import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import sqlalchemy as sa
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
@@ -135,7 +138,9 @@ async def _on_http_exception(_request: Request, exc: StarletteHTTPException) -> 
 
 
 class CatchAllProblems:
-    """ASGI middleware: an unhandled exception becomes a bare 500 problem; the log gets the rest."""
+    """ASGI middleware: an unreachable database becomes a 503 problem with ``Retry-After`` (logged
+    once per outage, see :class:`DatabaseOutage`); any other unhandled exception a bare 500
+    problem, the log getting the rest."""
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
@@ -157,15 +162,81 @@ class CatchAllProblems:
         except ClientDisconnect:
             # The client went away while its body was read: nothing to answer, nothing broken.
             logger.info("client disconnected during %s %s", scope.get("method"), scope.get("path"))
-        except Exception:
-            # Path only: the query string could carry something secret; headers never logged.
-            logger.exception("unhandled error answering %s %s", scope.get("method"), scope.get("path"))
+        except Exception as exc:
             if started:
+                logger.exception("unhandled error answering %s %s", scope.get("method"), scope.get("path"))
                 raise  # too late for a clean answer; let the server drop the connection
-            response = problem_response(
-                500,
-                "internal_error",
-                "Internal server error",
-                "The server failed to handle this request; the failure has been logged.",
-            )
-            await response(scope, receive, send)
+            await _answer_failure(exc, scope, receive, send)
+        else:
+            if scope.get("method") in _WRITES:
+                OUTAGE.answered()
+
+
+async def _answer_failure(exc: Exception, scope: Scope, receive: Receive, send: Send) -> None:
+    if database_unavailable(exc):
+        # Producers back off and retry; nothing was accepted (the transaction never committed).
+        OUTAGE.refused(exc)
+        response = problem_response(
+            503,
+            "database_unavailable",
+            "Service unavailable",
+            "The database does not answer; nothing was accepted. Retry after the delay given.",
+            headers={"Retry-After": str(RETRY_AFTER_SECONDS)},
+        )
+    else:
+        # Path only: the query string could carry something secret; headers never logged.
+        logger.exception("unhandled error answering %s %s", scope.get("method"), scope.get("path"))
+        response = problem_response(
+            500,
+            "internal_error",
+            "Internal server error",
+            "The server failed to handle this request; the failure has been logged.",
+        )
+    await response(scope, receive, send)
+
+
+def database_unavailable(exc: BaseException) -> bool:
+    """Whether ``exc`` means the database cannot be reached now (not a bug in a query)."""
+    if isinstance(exc, sa.exc.DBAPIError):
+        return exc.connection_invalidated or isinstance(exc, sa.exc.OperationalError | sa.exc.InterfaceError)
+    return isinstance(exc, sa.exc.TimeoutError)  # the pool had no connection to give
+
+
+class DatabaseOutage:
+    """Counts the requests refused while the database is down, so an outage is two log lines
+    (a warning when it starts, the count when a write succeeds again), not a traceback per
+    request."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._since: float | None = None
+        self._refused = 0
+
+    def refused(self, exc: BaseException) -> None:
+        with self._lock:
+            self._refused += 1
+            if self._since is not None:
+                return
+            self._since = time.monotonic()
+        first = (str(exc.__cause__ or exc).strip().splitlines() or [""])[0][:200]
+        logger.warning(
+            "database unavailable (%s: %s): answering 503 with Retry-After until it answers",
+            type(exc).__name__,
+            first,
+        )
+
+    def answered(self) -> None:
+        with self._lock:  # uncontended almost always: cheap next to the request it follows
+            since, count = self._since, self._refused
+            self._since, self._refused = None, 0
+        if since is None:  # no outage (or another request closed it first)
+            return
+        lasted = time.monotonic() - since
+        logger.warning("database available again after %.0f s; %d requests were answered 503", lasted, count)
+
+
+#: One per process: every app in it shares the database's fate.
+OUTAGE = DatabaseOutage()
+#: Seconds a producer is asked to wait before retrying while the database is down.
+RETRY_AFTER_SECONDS = 5
+_WRITES = frozenset({"POST", "PUT", "PATCH", "DELETE"})

@@ -14,7 +14,8 @@ from typer.testing import CliRunner
 from tests.faults import tcp_proxy
 from usp_dispatcher.cli import app as cli_app
 
-from .conftest import MakeClient, MakeSettings
+from .conftest import ADMIN, MakeClient, MakeSettings
+from .support import assert_problem, event
 
 
 def through(proxy_port: int, url: str) -> str:
@@ -102,3 +103,33 @@ def test_the_api_warns_at_start_without_an_admin_token(
     with caplog.at_level(logging.WARNING, logger="usp_dispatcher"):
         make_client()
     assert not [r for r in caplog.records if "USP_ADMIN_TOKEN" in r.getMessage()]
+
+
+@pytest.mark.parametrize("database_url", ["postgresql"], indirect=True)
+def test_writes_while_the_database_is_down_are_503_with_retry_after_and_one_warning_per_outage(
+    make_client: MakeClient, database_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Producers back off on 503 + Retry-After; the log says when the outage began and, when a
+    write succeeds again, how many requests it refused; no traceback per request."""
+    parsed = sa.make_url(database_url)
+    with tcp_proxy(parsed.host or "127.0.0.1", parsed.port or 5432) as proxy:
+        client = make_client(database_url=through(proxy.port, database_url))
+        assert client.post("/events", json=event("booking.confirmed"), headers=ADMIN).status_code == 202
+        proxy.cut()
+        with caplog.at_level(logging.INFO):
+            refused = [
+                client.post("/events", json=event("booking.confirmed"), headers=ADMIN) for _ in range(5)
+            ]
+            proxy.restore()
+            accepted = client.post("/events", json=event("booking.confirmed"), headers=ADMIN)
+    for response in refused:
+        assert_problem(response, 503, "database_unavailable")
+        assert response.headers["retry-after"] == "5"
+    assert accepted.status_code == 202, accepted.text
+    said = [r for r in caplog.records if r.name == "usp_dispatcher" and r.levelno >= logging.WARNING]
+    assert [r.getMessage().split(" (")[0].split(" after")[0] for r in said] == [
+        "database unavailable",
+        "database available again",
+    ]
+    assert "5 requests were answered 503" in said[1].getMessage()
+    assert not [r for r in caplog.records if r.exc_info], "no traceback"
