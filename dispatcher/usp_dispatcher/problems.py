@@ -10,8 +10,6 @@ exception says reaches the client; the server log gets the traceback.
 from __future__ import annotations
 
 import logging
-import threading
-import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -24,6 +22,7 @@ from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from usp_receiver import problem_outcome
+from usp_workers.outage import Outage
 
 from .errors import Conflict, DispatcherError, NotFound, Refused
 
@@ -139,7 +138,7 @@ async def _on_http_exception(_request: Request, exc: StarletteHTTPException) -> 
 
 class CatchAllProblems:
     """ASGI middleware: an unreachable database becomes a 503 problem with ``Retry-After`` (logged
-    once per outage, see :class:`DatabaseOutage`); any other unhandled exception a bare 500
+    once per outage, see :class:`usp_workers.outage.Outage`); any other unhandled exception a bare 500
     problem, the log getting the rest."""
 
     def __init__(self, app: ASGIApp) -> None:
@@ -169,13 +168,13 @@ class CatchAllProblems:
             await _answer_failure(exc, scope, receive, send)
         else:
             if scope.get("method") in _WRITES:
-                OUTAGE.answered()
+                OUTAGE.succeeded()
 
 
 async def _answer_failure(exc: Exception, scope: Scope, receive: Receive, send: Send) -> None:
     if database_unavailable(exc):
         # Producers back off and retry; nothing was accepted (the transaction never committed).
-        OUTAGE.refused(exc)
+        OUTAGE.failed(exc)
         response = problem_response(
             503,
             "database_unavailable",
@@ -202,41 +201,8 @@ def database_unavailable(exc: BaseException) -> bool:
     return isinstance(exc, sa.exc.TimeoutError)  # the pool had no connection to give
 
 
-class DatabaseOutage:
-    """Counts the requests refused while the database is down, so an outage is two log lines
-    (a warning when it starts, the count when a write succeeds again), not a traceback per
-    request."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._since: float | None = None
-        self._refused = 0
-
-    def refused(self, exc: BaseException) -> None:
-        with self._lock:
-            self._refused += 1
-            if self._since is not None:
-                return
-            self._since = time.monotonic()
-        first = (str(exc.__cause__ or exc).strip().splitlines() or [""])[0][:200]
-        logger.warning(
-            "database unavailable (%s: %s): answering 503 with Retry-After until it answers",
-            type(exc).__name__,
-            first,
-        )
-
-    def answered(self) -> None:
-        with self._lock:  # uncontended almost always: cheap next to the request it follows
-            since, count = self._since, self._refused
-            self._since, self._refused = None, 0
-        if since is None:  # no outage (or another request closed it first)
-            return
-        lasted = time.monotonic() - since
-        logger.warning("database available again after %.0f s; %d requests were answered 503", lasted, count)
-
-
 #: One per process: every app in it shares the database's fate.
-OUTAGE = DatabaseOutage()
+OUTAGE = Outage("database", logger, "answering 503 with Retry-After until it answers")
 #: Seconds a producer is asked to wait before retrying while the database is down.
 RETRY_AFTER_SECONDS = 5
 _WRITES = frozenset({"POST", "PUT", "PATCH", "DELETE"})

@@ -131,5 +131,5 @@ def test_writes_while_the_database_is_down_are_503_with_retry_after_and_one_warn
         "database unavailable",
         "database available again",
     ]
-    assert "5 requests were answered 503" in said[1].getMessage()
+    assert "5 operations failed meanwhile" in said[1].getMessage()
     assert not [r for r in caplog.records if r.exc_info], "no traceback"

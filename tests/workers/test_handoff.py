@@ -98,13 +98,15 @@ def test_a_failed_publish_is_logged_and_the_next_batches_still_go(caplog: pytest
     published = Published(fail_first=1)
     handoff = HandOff(published, interval=60.0, batch_size=50)
     try:
-        with caplog.at_level(logging.ERROR, logger="usp_workers"):
+        with caplog.at_level(logging.WARNING, logger="usp_workers"):
             handoff(["dlv_1"])
             assert handoff.flush(SOON)
-        assert "broker hand-off failed for 1 deliveries; the relay will retry" in caplog.text
-        handoff(["dlv_2"])
-        assert handoff.flush(SOON)
+            assert "broker unavailable (" in caplog.text
+            handoff(["dlv_2"])
+            assert handoff.flush(SOON)
         assert published.batches == [["dlv_2"]]
+        assert "broker available again after" in caplog.text
+        assert "1 operations failed meanwhile" in caplog.text
     finally:
         handoff.close()
 

@@ -46,6 +46,8 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 
+from .outage import BROKER_OUTAGE
+
 __all__ = ["HandOff"]
 
 logger = logging.getLogger("usp_workers")
@@ -132,9 +134,11 @@ class HandOff:
                 self._publishing = True
             try:
                 self.publish(batch)
-            except Exception:
+            except Exception as exc:
                 # Committed and marked: the relay re-sends them once requeue_after_seconds pass.
-                logger.exception("broker hand-off failed for %d deliveries; the relay will retry", len(batch))
+                BROKER_OUTAGE.failed(exc)
+            else:
+                BROKER_OUTAGE.succeeded()
             finally:
                 with self._lock:
                     self._publishing = False

@@ -51,6 +51,7 @@ from .embedded_broker import make_broker_engine, prune_consumed
 from .logs import configure_logging
 from .models import Delivery, DeliveryStatus, Subscription, utcnow
 from .operations import reclaim_stale_jobs
+from .outage import BROKER_OUTAGE
 from .outbox import Enqueue
 from .retention import RetentionReport, RetentionSchedule, prune_once
 from .settings import Settings
@@ -354,13 +355,10 @@ def _resend_jobs(engine: Engine, settings: Settings, enqueue_job: EnqueueJob, no
     for job_id in reclaim_stale_jobs(engine, now=now, stale_after=settings.job_stale_after_seconds):
         try:
             enqueue_job(job_id)
-        except Exception:
-            logger.exception(
-                "broker refused stalled job %s; trying again in %.0f s",
-                job_id,
-                settings.job_stale_after_seconds,
-            )
+        except Exception as exc:
+            BROKER_OUTAGE.failed(exc)  # the job is taken again job_stale_after_seconds later
             return sent
+        BROKER_OUTAGE.succeeded()
         logger.info(
             "job %s made no progress for %.0f s: sent to the workers again",
             job_id,
@@ -376,10 +374,10 @@ def _send(batches: Sequence[list[str]], enqueue: Enqueue) -> tuple[int, int, int
     for index, batch in enumerate(batches):
         try:
             enqueue(batch)
-        except Exception:
-            unsent = sum(len(b) for b in batches[index:])
-            logger.exception("broker refused a batch; %d deliveries wait for the next re-send", unsent)
-            return sent, index, unsent
+        except Exception as exc:
+            BROKER_OUTAGE.failed(exc)  # the rest wait for the next re-send
+            return sent, index, sum(len(b) for b in batches[index:])
+        BROKER_OUTAGE.succeeded()
         sent += len(batch)
     return sent, len(batches), 0
 

@@ -1,0 +1,62 @@
+"""One warning when a dependency (the broker, the database) stops answering, one when it is back.
+
+A process that hands off a batch every few milliseconds would otherwise log a traceback per
+batch for as long as the outage lasts; the operator needs to know that it started, what the error
+was, and when it ended with how many operations failed in between.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+__all__ = ["BROKER_OUTAGE", "Outage"]
+
+
+class Outage:
+    """Thread-safe; ``failed`` on each failure, ``succeeded`` after each success."""
+
+    def __init__(self, what: str, logger: logging.Logger, consequence: str) -> None:
+        self._what = what
+        self._logger = logger
+        self._consequence = consequence
+        self._lock = threading.Lock()
+        self._since: float | None = None
+        self._failures = 0
+
+    @property
+    def ongoing(self) -> bool:
+        return self._since is not None
+
+    def failed(self, exc: BaseException) -> None:
+        with self._lock:
+            self._failures += 1
+            if self._since is not None:
+                return
+            self._since = time.monotonic()
+        first = (str(exc.__cause__ or exc).strip().splitlines() or [""])[0][:200]
+        self._logger.warning(
+            "%s unavailable (%s: %s): %s", self._what, type(exc).__name__, first, self._consequence
+        )
+
+    def succeeded(self) -> None:
+        with self._lock:  # uncontended almost always: cheap next to the operation it follows
+            since, failures = self._since, self._failures
+            self._since, self._failures = None, 0
+        if since is None:  # no outage (or another thread closed it first)
+            return
+        self._logger.warning(
+            "%s available again after %.0f s; %d operations failed meanwhile",
+            self._what,
+            time.monotonic() - since,
+            failures,
+        )
+
+
+#: One per process: the API's hand-off and the scheduler's re-sends share the broker's fate.
+BROKER_OUTAGE = Outage(
+    "broker",
+    logging.getLogger("usp_workers"),
+    "committed deliveries wait in the database; the scheduler sends them when it answers",
+)
