@@ -193,6 +193,13 @@ def up(
     concurrency: Annotated[
         int | None, typer.Option(min=1, help="The worker's concurrent batches (default 8).")
     ] = None,
+    dev: Annotated[
+        bool,
+        typer.Option(
+            "--dev",
+            help="Allow webhook targets on loopback and private networks (a receiver on this machine).",
+        ),
+    ] = False,
 ) -> None:
     """Run everything on this machine: the API, a worker and the scheduler; Ctrl-C stops all.
 
@@ -202,7 +209,9 @@ def up(
     """
     from .supervisor import run_up
 
-    raise typer.Exit(run_up(load_settings(), host=host, port=port, concurrency=concurrency, console=console))
+    raise typer.Exit(
+        run_up(load_settings(), host=host, port=port, concurrency=concurrency, console=console, dev=dev)
+    )
 
 
 # ------------------------------------------------------------------------------------ keys

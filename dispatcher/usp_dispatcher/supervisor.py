@@ -75,11 +75,13 @@ def run_up(
     concurrency: int | None,
     console: Console,
     stop: threading.Event | None = None,
+    dev: bool = False,
 ) -> int:
     """Prepare, start the three processes, print where to reach them, supervise until stopped;
-    return the exit code. ``stop`` replaces the signal handlers (tests)."""
+    return the exit code. ``stop`` replaces the signal handlers (tests); ``dev`` allows webhook
+    targets on loopback and private networks (said in the banner)."""
     _prepare(settings)
-    env, generated_token = child_environment(settings, os.environ, host=host, port=port)
+    env, generated_token = child_environment(settings, os.environ, host=host, port=port, dev=dev)
     command = [sys.executable, "-m", "usp_dispatcher.cli"]
     worker_args = ["worker"] + ([f"--concurrency={concurrency}"] if concurrency else [])
     specs: list[tuple[str, list[str], Mapping[str, str]]] = [
@@ -100,7 +102,7 @@ def run_up(
                 return 0
             console.print("[red]the API did not come up; stopping[/red]")
             return 1
-        _announce(console, settings, base, generated_token)
+        _announce(console, settings, base, generated_token, dev=dev)
         return _supervise(children, stopping, console)
     finally:
         _stop_all(children, console)
@@ -108,11 +110,14 @@ def run_up(
 
 
 def child_environment(
-    settings: Settings, environ: Mapping[str, str], *, host: str, port: int
+    settings: Settings, environ: Mapping[str, str], *, host: str, port: int, dev: bool = False
 ) -> tuple[dict[str, str], str | None]:
     """The children's environment, and the admin token generated for this session (``None``
-    when one is configured). ``USP_PUBLIC_BASE_URL`` follows ``--host``/``--port`` unless set."""
+    when one is configured). ``USP_PUBLIC_BASE_URL`` follows ``--host``/``--port`` unless set;
+    ``dev`` sets ``USP_ALLOW_PRIVATE_TARGETS=true`` (a receiver on this machine can subscribe)."""
     env = dict(environ)
+    if dev:
+        env["USP_ALLOW_PRIVATE_TARGETS"] = "true"
     env.setdefault("PYTHONUNBUFFERED", "1")  # children's lines appear as they are written
     generated = None
     if settings.admin_token is None:
@@ -182,7 +187,9 @@ def _wait_ready(url: str, children: list[Child], stop: threading.Event) -> bool:
     return False
 
 
-def _announce(console: Console, settings: Settings, base: str, generated_token: str | None) -> None:
+def _announce(
+    console: Console, settings: Settings, base: str, generated_token: str | None, *, dev: bool = False
+) -> None:
     lines = [
         "",
         "[bold green]USP webhooks is up[/bold green]",
@@ -199,6 +206,11 @@ def _announce(console: Console, settings: Settings, base: str, generated_token: 
         ]
     else:
         lines.append("  admin token: the configured USP_ADMIN_TOKEN")
+    if dev:
+        lines.append(
+            "  [yellow]development mode[/yellow]: webhook targets on loopback and private networks are "
+            "allowed (cloud metadata addresses never); never use --dev in production"
+        )
     lines += ["Ctrl-C stops everything.", ""]
     for line in lines:
         # Never wrapped: a token or URL cut in two cannot be copied.

@@ -82,6 +82,13 @@ def test_private_target_refused_unless_allowed(make_client: MakeClient) -> None:
     for url in (HOOK, "http://[::1]:8080/h", "http://2130706433/"):
         problem = assert_problem(strict.post(PATH, json={"url": url}, headers=ADMIN), 422, "target_refused")
         assert problem["target_reason"] == "private_address"
+        # The refusal names the way out, for development and for production.
+        for way_out in (
+            "USP_ALLOW_PRIVATE_TARGETS=true",
+            "usp-webhooks up --dev",
+            "USP_PRIVATE_TARGET_ALLOWLIST",
+        ):
+            assert way_out in problem["detail"]
     assert strict.get(PATH, headers=ADMIN).json()["items"] == []
 
     relaxed = make_client(allow_private_targets=True)

@@ -69,6 +69,7 @@ class Up:
         port: int,
         command: Sequence[str] = (sys.executable, "-m", "usp_dispatcher.cli"),
         extra_env: Mapping[str, str | None] | None = None,
+        up_args: Sequence[str] = (),
     ) -> None:
         self.folder = folder
         self.log_path = folder.parent / f"{folder.name}-up.log"
@@ -82,7 +83,7 @@ class Up:
                 env[name] = value
         self._log = self.log_path.open("wb")
         self.process = subprocess.Popen(
-            [*command, "up", "--port", str(port)],
+            [*command, "up", "--port", str(port), *up_args],
             cwd=folder,
             env=env,
             stdout=self._log,
@@ -197,6 +198,10 @@ def test_a_token_is_generated_only_when_none_is_configured() -> None:
     assert token is None
     assert env["USP_ADMIN_TOKEN"] == "s3cret"
     assert "USP_PUBLIC_BASE_URL" not in env, "a configured public URL is left alone"
+    assert "USP_ALLOW_PRIVATE_TARGETS" not in env, "production-safe unless --dev"
+
+    env, _ = child_environment(configured, {}, host="127.0.0.1", port=9000, dev=True)
+    assert env["USP_ALLOW_PRIVATE_TARGETS"] == "true"
 
 
 @pytest.mark.parametrize(
@@ -205,3 +210,51 @@ def test_a_token_is_generated_only_when_none_is_configured() -> None:
 )
 def test_display_host(host: str, shown: str) -> None:
     assert display_host(host) == shown
+
+
+def test_the_readmes_first_delivery_works_as_written(tmp_path: Path) -> None:
+    """README, "Your first delivery": `up --dev`, then `listen` and `trigger` with the printed
+    token; `listen` prints the triggered event, verified. No USP_ALLOW_PRIVATE_TARGETS is set:
+    --dev is what lets the local receiver subscribe, and the banner says so."""
+    folder = tmp_path / "service"
+    folder.mkdir()
+    up = Up(folder, free_port(), extra_env={"USP_ALLOW_PRIVATE_TARGETS": None}, up_args=["--dev"])
+    listener: subprocess.Popen[str] | None = None
+    try:
+        output = up.wait_for("Ctrl-C stops everything.")
+        assert "development mode" in output
+        base, token = re.search(r"API\s+(http://\S+)", output), TOKEN_LINE.search(output)
+        assert base is not None
+        assert token is not None
+        env = {k: v for k, v in os.environ.items() if not k.startswith("USP_")}
+        env |= {"USP_ADMIN_TOKEN": token.group(1), "USP_ADMIN_URL": base.group(1), "PYTHONUNBUFFERED": "1"}
+        cli = [sys.executable, "-m", "usp_dispatcher.cli"]
+        listener = subprocess.Popen(
+            [*cli, "listen", "--max-events", "1"],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        assert listener.stdout is not None
+        first = listener.stdout.readline()
+        assert "listening on http://127.0.0.1:" in first, first
+        triggered = subprocess.run(
+            [*cli, "trigger", "booking.confirmed"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=True,
+        )
+        event_id = re.search(r"(evt_\w+) accepted: 1 deliveries", triggered.stdout)
+        assert event_id is not None, triggered.stdout
+        rest, _ = listener.communicate(timeout=60)
+        assert listener.returncode == 0, rest
+        assert f"verified booking.confirmed {event_id.group(1)}" in rest
+        assert "removed" in rest, "listen unsubscribes when it stops"
+    finally:
+        if listener is not None and listener.poll() is None:
+            listener.kill()
+        up.close()
+        print(f"----- up's output -----\n{up.output()}")

@@ -445,7 +445,12 @@ def _decide(parsed: _Parsed, addresses: Iterable[str], settings: TargetPolicy) -
         if not address_allowed(ip, settings):
             what = address_class(ip) or "not allowlisted"
             where = "is" if parsed.literal is not None else "resolves to"
-            raise TargetRefused("private_address", f"{parsed.host!r} {where} a non-global address: {what}")
+            raise TargetRefused(
+                "private_address",
+                f"{parsed.host!r} {where} a non-global address: {what}; on a development machine, allow "
+                "such targets with USP_ALLOW_PRIVATE_TARGETS=true (or run `usp-webhooks up --dev`), in "
+                "production list the network in USP_PRIVATE_TARGET_ALLOWLIST",
+            )
         checked.append(_canonical(ip))
     if not checked:
         raise TargetRefused("unresolvable", f"{parsed.host!r} has no addresses")
