@@ -1,0 +1,76 @@
+"""Every Python block of the README and the docs is run by a test, or named here as a fragment
+with the test that covers what it shows: a new block must be classified, so an example cannot
+quietly stop working."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fastapi import FastAPI
+from fastapi.testclient import TestClient
+
+from usp_receiver import SigningKey, sign_request
+
+REPO = Path(__file__).resolve().parents[1]
+DOCUMENTS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+
+#: Blocks that cannot run alone (they continue an earlier one or need a live peer), by the first
+#: line that identifies them, with where they are exercised.
+FRAGMENTS = {
+    # needs a running MCP server and keys: tests/receiver/test_mcp_binding.py runs the binding
+    "from mcp import Client": "tests/receiver/test_mcp_binding.py",
+    # the UCAP agent script: run verbatim by tests/dispatcher/ucap/test_readme.py
+    "# ucap_agent.py": "tests/dispatcher/ucap/test_readme.py",
+}
+RUN_HERE = ("from fastapi import FastAPI", "from usp_receiver import JWKS, Verifier, VerificationError")
+
+
+def python_blocks() -> list[str]:
+    blocks = []
+    for document in DOCUMENTS:
+        text = document.read_text(encoding="utf-8")
+        blocks += re.findall(r"^```python\n(.*?)^```", text, flags=re.MULTILINE | re.DOTALL)
+    return blocks
+
+
+def block(first_line: str) -> str:
+    (found,) = [code for code in python_blocks() if code.startswith(first_line)]
+    return found
+
+
+def test_every_python_block_is_run_or_named_with_its_test() -> None:
+    for code in python_blocks():
+        first = code.splitlines()[0]
+        known = [key for key in (*FRAGMENTS, *RUN_HERE) if first.startswith(key)]
+        assert known, f"a python block nobody runs: {first!r}; run it here or name it in FRAGMENTS"
+    for covering in FRAGMENTS.values():
+        assert (REPO / covering).is_file()
+
+
+def test_the_fastapi_receiver_example_serves_and_refuses_an_unsigned_post() -> None:
+    namespace: dict[str, Any] = {}
+    exec(compile(block(RUN_HERE[0]), "README.md (FastAPI)", "exec"), namespace)  # noqa: S102 - our README
+    app = namespace["app"]
+    assert isinstance(app, FastAPI)
+    with TestClient(app) as client:
+        response = client.post("/webhooks/usp", content=b"{}", headers={"Content-Type": "application/json"})
+    assert response.status_code == 401
+    assert response.json()["reason"] == "missing_signature"
+
+
+def test_verifying_by_hand_runs_as_written(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With ``business-jwks.json`` in the working folder and a signed request's ``headers`` and
+    ``body`` (what a web framework hands over), the block verifies it."""
+    key = SigningKey.generate()
+    (tmp_path / "business-jwks.json").write_text(json.dumps({"keys": [key.public.jwk]}))
+    monkeypatch.chdir(tmp_path)
+    body = b'{"event": "booking.confirmed"}'
+    headers = {"Content-Type": "application/json"}
+    headers |= sign_request("POST", "https://platform.example/webhooks/usp", headers, body, [key])
+    namespace: dict[str, Any] = {"headers": headers, "body": body}
+    exec(compile(block(RUN_HERE[1]), "README.md (by hand)", "exec"), namespace)  # noqa: S102 - our README
+    assert namespace["verified"].kid == key.kid
