@@ -13,7 +13,6 @@ import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import sqlalchemy as sa
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
@@ -22,7 +21,7 @@ from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from usp_receiver import problem_outcome
-from usp_workers.outage import Outage
+from usp_workers.outage import Outage, database_unavailable
 
 from .errors import Conflict, DispatcherError, NotFound, Refused
 
@@ -192,13 +191,6 @@ async def _answer_failure(exc: Exception, scope: Scope, receive: Receive, send: 
             "The server failed to handle this request; the failure has been logged.",
         )
     await response(scope, receive, send)
-
-
-def database_unavailable(exc: BaseException) -> bool:
-    """Whether ``exc`` means the database cannot be reached now (not a bug in a query)."""
-    if isinstance(exc, sa.exc.DBAPIError):
-        return exc.connection_invalidated or isinstance(exc, sa.exc.OperationalError | sa.exc.InterfaceError)
-    return isinstance(exc, sa.exc.TimeoutError)  # the pool had no connection to give
 
 
 #: One per process: every app in it shares the database's fate.

@@ -40,6 +40,7 @@ HTTP exchanges to the loop.
 from __future__ import annotations
 
 import logging
+import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
@@ -63,6 +64,7 @@ from .models import (
     SubscriptionState,
     utcnow,
 )
+from .outage import DATABASE_OUTAGE, database_unavailable
 from .payloads import BodyCache, build_delivery_request
 from .runtime import background_runtime
 from .schedule import RetrySchedule
@@ -93,6 +95,8 @@ logger = logging.getLogger("usp_workers")
 
 Clock = Callable[[], datetime]
 
+#: How long a worker holds a batch's outcomes while the database does not answer.
+HOLD_OUTCOMES_SECONDS = 600.0
 #: Seconds kept in reserve at the end of a lease for recording the batch's results.
 RECORD_MARGIN = 2.0
 #: Seconds a batch waits for an endpoint slot another batch holds before deferring its
@@ -318,17 +322,38 @@ class _Batch:
         return HealthPolicy.from_settings(self.settings)
 
     def close(self) -> BatchReport:
-        """Record what happened (blocking) and report it."""
+        """Record what happened (blocking) and report it.
+
+        If the database does not answer, the outcomes are held here and written as soon as it
+        does (retried every second at most, for up to :data:`HOLD_OUTCOMES_SECONDS`): dropping
+        them would let the lease run out and the scheduler send again what the receiver already
+        acknowledged. The record is fenced by our lease, and the scheduler reclaims no lease
+        until :data:`usp_workers.relay.RECLAIM_HOLD_OFF_SECONDS` after the database is back,
+        which gives this retry the time to land first.
+        """
         recorded_at = self.now()
-        applied = record(
-            self.engine,
-            attempts=self.attempts,
-            updates=self.updates,
-            lease_until=self.lease_until,
-            now=recorded_at,
-            health_tallies=self.health_writes(recorded_at),
-            policy=self.policy,
-        )
+        health_tallies = self.health_writes(recorded_at)
+        held_since = time.monotonic()
+        pause = 0.1
+        while True:
+            try:
+                applied = record(
+                    self.engine,
+                    attempts=self.attempts,
+                    updates=self.updates,
+                    lease_until=self.lease_until,
+                    now=recorded_at,
+                    health_tallies=health_tallies,
+                    policy=self.policy,
+                )
+                break
+            except Exception as exc:
+                if not database_unavailable(exc) or time.monotonic() - held_since > HOLD_OUTCOMES_SECONDS:
+                    raise
+                DATABASE_OUTAGE.failed(exc)
+                time.sleep(pause)
+                pause = min(2 * pause, 1.0)
+        DATABASE_OUTAGE.succeeded()
         report = self.report
         report.results = [_applied(result, result.delivery_id in applied) for result in self.results]
         if report.stale:

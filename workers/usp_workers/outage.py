@@ -11,7 +11,9 @@ import logging
 import threading
 import time
 
-__all__ = ["BROKER_OUTAGE", "Outage"]
+import sqlalchemy as sa
+
+__all__ = ["BROKER_OUTAGE", "DATABASE_OUTAGE", "Outage", "database_unavailable"]
 
 
 class Outage:
@@ -60,3 +62,17 @@ BROKER_OUTAGE = Outage(
     logging.getLogger("usp_workers"),
     "committed deliveries wait in the database; the scheduler sends them when it answers",
 )
+
+#: The worker's and the scheduler's: outcomes held, passes skipped while the database is down.
+DATABASE_OUTAGE = Outage(
+    "database",
+    logging.getLogger("usp_workers"),
+    "outcomes are held in the worker and written when it answers; the scheduler waits",
+)
+
+
+def database_unavailable(exc: BaseException) -> bool:
+    """Whether ``exc`` means the database cannot be reached now (not a bug in a query)."""
+    if isinstance(exc, sa.exc.DBAPIError):
+        return exc.connection_invalidated or isinstance(exc, sa.exc.OperationalError | sa.exc.InterfaceError)
+    return isinstance(exc, sa.exc.TimeoutError)  # the pool had no connection to give

@@ -51,7 +51,7 @@ from .embedded_broker import make_broker_engine, prune_consumed
 from .logs import configure_logging
 from .models import Delivery, DeliveryStatus, Subscription, utcnow
 from .operations import reclaim_stale_jobs
-from .outage import BROKER_OUTAGE
+from .outage import BROKER_OUTAGE, DATABASE_OUTAGE, database_unavailable
 from .outbox import Enqueue
 from .retention import RetentionReport, RetentionSchedule, prune_once
 from .settings import Settings
@@ -76,6 +76,10 @@ RELAY_LIMIT = 5000
 #: Rounds per pass: a huge backlog is worked off over several passes, so lease reclaiming and
 #: pruning keep their rhythm.
 MAX_ROUNDS = 20
+#: Seconds after the database answers again before expired leases are reclaimed: a worker that
+#: held its outcomes through the outage writes them within a second or two of its return
+#: (the batch's close in :mod:`usp_workers.delivery`), and a reclaim first would send them again.
+RECLAIM_HOLD_OFF_SECONDS = 15.0
 
 #: Sends one recover/redrive job to the workers (:func:`usp_workers.tasks.enqueue_job` bound to an app).
 EnqueueJob = Callable[[str], None]
@@ -110,9 +114,10 @@ def relay_once(
     limit: int = RELAY_LIMIT,
     broker_engine: Engine | None = None,
     enqueue_job: EnqueueJob | None = None,
+    reclaim: bool = True,
 ) -> RelayReport:
-    """One scheduler pass at ``now``: reclaim expired leases, enqueue due deliveries, re-send
-    stalled jobs (only with ``enqueue_job``), prune.
+    """One scheduler pass at ``now``: reclaim expired leases (unless ``reclaim`` is false),
+    enqueue due deliveries, re-send stalled jobs (only with ``enqueue_job``), prune.
 
     ``enqueue`` sends one batch (:func:`usp_workers.tasks.enqueue_deliveries` bound to an app).
     When it raises, the pass stops sending: the rest of the marked deliveries are re-sent
@@ -121,7 +126,7 @@ def relay_once(
     ``broker_engine`` is the embedded broker's database (made on demand when it is in use).
     """
     moment = now if now is not None else utcnow()
-    reclaimed = reclaim_expired_leases(engine, now=moment)
+    reclaimed = reclaim_expired_leases(engine, now=moment) if reclaim else 0
     enqueued = batches = failed = 0
     for _ in range(MAX_ROUNDS):
         rows = mark_due(engine, settings, now=moment, limit=limit)
@@ -275,6 +280,7 @@ def run_relay(
     )
     stopping = stop if stop is not None else threading.Event()
     retention = RetentionSchedule()
+    reclaim_after = 0.0
     logger.info(
         "scheduler started: database %s, broker %s, a pass every %.1f s",
         _safe_url(settings.database_url),
@@ -285,7 +291,12 @@ def run_relay(
         with _stop_on_signals(stopping, install=stop is None):
             while not stopping.is_set():
                 started = time.monotonic()
-                _pass(engine, settings, enqueue, enqueue_job, broker_engine)
+                if not _pass(
+                    engine, settings, enqueue, enqueue_job, broker_engine, reclaim=started >= reclaim_after
+                ):
+                    # Workers hold outcomes they could not write: after the database is back,
+                    # give them the time to write before their leases are taken back.
+                    reclaim_after = time.monotonic() + RECLAIM_HOLD_OFF_SECONDS
                 _retain(engine, settings, retention)
                 stopping.wait(max(0.0, settings.relay_interval_seconds - (time.monotonic() - started)))
     finally:
@@ -303,13 +314,22 @@ def _pass(
     enqueue: Enqueue,
     enqueue_job: EnqueueJob,
     broker_engine: Engine | None,
-) -> None:
+    *,
+    reclaim: bool = True,
+) -> bool:
+    """One pass, logged; ``False`` when the database did not answer."""
     try:
-        report = relay_once(engine, settings, enqueue, broker_engine=broker_engine, enqueue_job=enqueue_job)
-    except sa.exc.SQLAlchemyError:
-        # The database is down or busy: say so, and try again next pass (nothing is lost).
-        logger.exception("scheduler pass failed; retrying in %.1f s", settings.relay_interval_seconds)
-        return
+        report = relay_once(
+            engine, settings, enqueue, broker_engine=broker_engine, enqueue_job=enqueue_job, reclaim=reclaim
+        )
+    except sa.exc.SQLAlchemyError as exc:
+        # The database is down or busy: try again next pass (nothing is lost).
+        if not database_unavailable(exc):
+            logger.exception("scheduler pass failed; retrying in %.1f s", settings.relay_interval_seconds)
+            return True
+        DATABASE_OUTAGE.failed(exc)
+        return False
+    DATABASE_OUTAGE.succeeded()
     if report.busy:
         logger.info(
             "scheduler: %d enqueued in %d batches, %d expired leases reclaimed, %d not sent "
@@ -322,6 +342,7 @@ def _pass(
             report.pruned,
             report.jobs,
         )
+    return True
 
 
 def _retain(engine: Engine, settings: Settings, schedule: RetentionSchedule) -> None:
