@@ -213,12 +213,16 @@ def test_display_host(host: str, shown: str) -> None:
 
 
 def test_the_readmes_first_delivery_works_as_written(tmp_path: Path) -> None:
-    """README, "Your first delivery": `up --dev`, then `listen` and `trigger` with the printed
-    token; `listen` prints the triggered event, verified. No USP_ALLOW_PRIVATE_TARGETS is set:
-    --dev is what lets the local receiver subscribe, and the banner says so."""
+    """README, "Your first delivery", its commands read out of the README: `up --dev`, then
+    `listen` and `trigger` with the printed token; `listen` prints the triggered event, verified.
+    No USP_ALLOW_PRIVATE_TARGETS is set: --dev lets the local receiver subscribe (the banner says
+    so)."""
+    steps = readme_first_delivery()
+    assert [step[0] for step in steps] == ["up", "listen", "trigger"], steps
+    (_, *up_args), listen_args, trigger_args = steps
     folder = tmp_path / "service"
     folder.mkdir()
-    up = Up(folder, free_port(), extra_env={"USP_ALLOW_PRIVATE_TARGETS": None}, up_args=["--dev"])
+    up = Up(folder, free_port(), extra_env={"USP_ALLOW_PRIVATE_TARGETS": None}, up_args=up_args)
     listener: subprocess.Popen[str] | None = None
     try:
         output = up.wait_for("Ctrl-C stops everything.")
@@ -230,7 +234,7 @@ def test_the_readmes_first_delivery_works_as_written(tmp_path: Path) -> None:
         env |= {"USP_ADMIN_TOKEN": token.group(1), "USP_ADMIN_URL": base.group(1), "PYTHONUNBUFFERED": "1"}
         cli = [sys.executable, "-m", "usp_dispatcher.cli"]
         listener = subprocess.Popen(
-            [*cli, "listen", "--max-events", "1"],
+            [*cli, *listen_args, "--max-events", "1"],
             env=env,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
@@ -240,7 +244,7 @@ def test_the_readmes_first_delivery_works_as_written(tmp_path: Path) -> None:
         first = listener.stdout.readline()
         assert "listening on http://127.0.0.1:" in first, first
         triggered = subprocess.run(
-            [*cli, "trigger", "booking.confirmed"],
+            [*cli, *trigger_args],
             env=env,
             capture_output=True,
             text=True,
@@ -258,3 +262,18 @@ def test_the_readmes_first_delivery_works_as_written(tmp_path: Path) -> None:
             listener.kill()
         up.close()
         print(f"----- up's output -----\n{up.output()}")
+
+
+def readme_first_delivery() -> list[list[str]]:
+    """The ``usp-webhooks`` commands of the README's "Your first delivery" block, as arguments."""
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    _, found, rest = readme.partition("**Your first delivery.**")
+    assert found, "the README has no first-delivery section"
+    block = re.search(r"^```sh\n(.*?)^```", rest, flags=re.MULTILINE | re.DOTALL)
+    assert block is not None
+    prefix = "uv run usp-webhooks "
+    return [
+        line.split("#")[0].removeprefix(prefix).split()
+        for line in block.group(1).splitlines()
+        if line.startswith(prefix)
+    ]
