@@ -67,3 +67,18 @@ def postgres_url() -> str:
     finally:
         engine.dispose()
     return url
+
+
+@pytest.fixture(autouse=True)
+def _no_outage_carried_over() -> None:
+    """Outages are counted per process (one log line each): a test that left one open must not
+    silence the next test's first warning. Only reset what is loaded (receiver tests load none)."""
+    import sys
+
+    outage = sys.modules.get("usp_workers.outage")
+    if outage is not None:
+        outage.BROKER_OUTAGE.reset()
+        outage.DATABASE_OUTAGE.reset()
+    problems = sys.modules.get("usp_dispatcher.problems")
+    if problems is not None:
+        problems.OUTAGE.reset()

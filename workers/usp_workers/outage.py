@@ -31,6 +31,11 @@ class Outage:
     def ongoing(self) -> bool:
         return self._since is not None
 
+    def reset(self) -> None:
+        """Forget an outage without a line (tests start each from a clean state)."""
+        with self._lock:
+            self._since, self._failures = None, 0
+
     def failed(self, exc: BaseException) -> None:
         with self._lock:
             self._failures += 1
