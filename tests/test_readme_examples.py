@@ -74,3 +74,33 @@ def test_verifying_by_hand_runs_as_written(tmp_path: Path, monkeypatch: pytest.M
     namespace: dict[str, Any] = {"headers": headers, "body": body}
     exec(compile(block(RUN_HERE[1]), "README.md (by hand)", "exec"), namespace)  # noqa: S102 - our README
     assert namespace["verified"].kid == key.kid
+
+
+def test_the_receiver_cli_block_runs_as_written(tmp_path: Path) -> None:
+    """The README's receiver CLI lines, run by a shell in a folder holding ``request.http``."""
+    import subprocess
+    import sys
+
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    _, _, rest = readme.partition("### CLI\n")
+    found = re.search(r"^```sh\n(.*?)^```", rest, flags=re.MULTILINE | re.DOTALL)
+    assert found is not None
+    script = found.group(1)
+    assert script.count("usp-receiver ") == 3
+    (tmp_path / "request.http").write_bytes(
+        b"POST /webhooks/usp HTTP/1.1\r\nHost: platform.example\r\nContent-Type: application/json\r\n\r\n"
+        b'{"event": "booking.confirmed"}'
+    )
+    path = f"{Path(sys.executable).parent}:/usr/bin:/bin"
+    ran = subprocess.run(
+        ["bash", "-euo", "pipefail", "-c", script],
+        cwd=tmp_path,
+        env={"PATH": path},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert ran.returncode == 0, ran.stdout + ran.stderr
+    assert "invalid" not in ran.stdout
+    assert "keyid" in ran.stdout, ran.stdout  # the verdict's report of the verified signature
+    assert (tmp_path / "signed.http").read_bytes().count(b"Signature") >= 2
