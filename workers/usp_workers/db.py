@@ -74,7 +74,7 @@ def lock_for_count(session: Session, key: str, table: type[Any]) -> None:
 @dataclass(frozen=True, slots=True)
 class Migrated:
     """What one migration run did: the chain's revision before and after, and the tables it
-    created (in creation order is not known: sorted)."""
+    created (sorted by name)."""
 
     before: str | None
     after: str | None

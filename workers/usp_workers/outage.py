@@ -8,12 +8,15 @@ was, and when it ended with how many operations failed in between.
 from __future__ import annotations
 
 import logging
+import re
 import threading
 import time
 
 import sqlalchemy as sa
 
-__all__ = ["BROKER_OUTAGE", "DATABASE_OUTAGE", "Outage", "database_unavailable"]
+__all__ = ["BROKER_OUTAGE", "DATABASE_OUTAGE", "Outage", "database_unavailable", "describe"]
+
+_CREDENTIALS = re.compile(r"://[^/@\s]*@")
 
 
 class Outage:
@@ -27,10 +30,6 @@ class Outage:
         self._since: float | None = None
         self._failures = 0
 
-    @property
-    def ongoing(self) -> bool:
-        return self._since is not None
-
     def reset(self) -> None:
         """Forget an outage without a line (tests start each from a clean state)."""
         with self._lock:
@@ -42,10 +41,7 @@ class Outage:
             if self._since is not None:
                 return
             self._since = time.monotonic()
-        first = (str(exc.__cause__ or exc).strip().splitlines() or [""])[0][:200]
-        self._logger.warning(
-            "%s unavailable (%s: %s): %s", self._what, type(exc).__name__, first, self._consequence
-        )
+        self._logger.warning("%s unavailable (%s): %s", self._what, describe(exc), self._consequence)
 
     def succeeded(self) -> None:
         with self._lock:  # uncontended almost always: cheap next to the operation it follows
@@ -81,3 +77,11 @@ def database_unavailable(exc: BaseException) -> bool:
     if isinstance(exc, sa.exc.DBAPIError):
         return exc.connection_invalidated or isinstance(exc, sa.exc.OperationalError | sa.exc.InterfaceError)
     return isinstance(exc, sa.exc.TimeoutError)  # the pool had no connection to give
+
+
+def describe(exc: BaseException) -> str:
+    """``Type: first line of the message`` (at most 200 characters), any ``user:password@`` of a
+    URL in it masked: what a log line or a health answer may say of a dependency's failure."""
+    first = (str(exc).strip().splitlines() or [""])[0]
+    text = _CREDENTIALS.sub("://***@", first)[:200]
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__

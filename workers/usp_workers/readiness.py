@@ -8,7 +8,6 @@ on an unreachable host, and a failure says which dependency failed and how, with
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
 import sqlalchemy as sa
@@ -17,13 +16,13 @@ from sqlalchemy.engine import Engine
 
 from .celery_app import transport_options
 from .embedded_broker import celery_broker
+from .outage import describe
 from .settings import Settings
 
 __all__ = ["CHECK_TIMEOUT_SECONDS", "Check", "check_broker", "check_database", "readiness"]
 
 #: How long one check may take before it counts as failed.
 CHECK_TIMEOUT_SECONDS = 3.0
-_CREDENTIALS = re.compile(r"://[^/@\s]*@")
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,7 +39,7 @@ def check_database(engine: Engine) -> Check:
         with engine.connect() as connection:
             connection.execute(sa.text("SELECT 1"))
     except Exception as exc:  # any failure is the answer, not a crash of the probe
-        return Check("database", False, _describe(exc))
+        return Check("database", False, describe(exc))
     return Check("database", True)
 
 
@@ -55,16 +54,10 @@ def check_broker(settings: Settings) -> Check:
         ) as connection:
             connection.ensure_connection(max_retries=0, timeout=CHECK_TIMEOUT_SECONDS)
     except Exception as exc:  # as above
-        return Check("broker", False, _describe(exc))
+        return Check("broker", False, describe(exc))
     return Check("broker", True)
 
 
 def readiness(engine: Engine, settings: Settings) -> list[Check]:
     """Both checks, database first."""
     return [check_database(engine), check_broker(settings)]
-
-
-def _describe(exc: BaseException) -> str:
-    first = (str(exc).strip().splitlines() or [""])[0]
-    text = _CREDENTIALS.sub("://***@", first)[:200]
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
