@@ -13,6 +13,7 @@ import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
+from tests.readme_blocks import block_after
 from usp_receiver import SigningKey, sign_request
 
 REPO = Path(__file__).resolve().parents[1]
@@ -81,11 +82,7 @@ def test_the_receiver_cli_block_runs_as_written(tmp_path: Path) -> None:
     import subprocess
     import sys
 
-    readme = (REPO / "README.md").read_text(encoding="utf-8")
-    _, _, rest = readme.partition("### CLI\n")
-    found = re.search(r"^```sh\n(.*?)^```", rest, flags=re.MULTILINE | re.DOTALL)
-    assert found is not None
-    script = found.group(1)
+    script = block_after("### CLI\n", "sh")
     assert script.count("usp-receiver ") == 3
     (tmp_path / "request.http").write_bytes(
         b"POST /webhooks/usp HTTP/1.1\r\nHost: platform.example\r\nContent-Type: application/json\r\n\r\n"

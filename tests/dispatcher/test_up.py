@@ -25,6 +25,7 @@ import httpx
 import pytest
 from pydantic import SecretStr
 
+from tests.readme_blocks import block_after
 from usp_dispatcher.supervisor import child_environment, display_host
 from usp_receiver import JWKS, ReceivedWebhook, Verifier, WebhookReceiver
 from usp_receiver.asgi import WebhookApp
@@ -266,14 +267,10 @@ def test_the_readmes_first_delivery_works_as_written(tmp_path: Path) -> None:
 
 def readme_first_delivery() -> list[list[str]]:
     """The ``usp-webhooks`` commands of the README's "Your first delivery" block, as arguments."""
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-    _, found, rest = readme.partition("**Your first delivery.**")
-    assert found, "the README has no first-delivery section"
-    block = re.search(r"^```sh\n(.*?)^```", rest, flags=re.MULTILINE | re.DOTALL)
-    assert block is not None
+    block = block_after("**Your first delivery.**", "sh")
     prefix = "uv run usp-webhooks "
     return [
         line.split("#")[0].removeprefix(prefix).split()
-        for line in block.group(1).splitlines()
+        for line in block.splitlines()
         if line.startswith(prefix)
     ]

@@ -5,26 +5,21 @@ reads the post, against the API under a real uvicorn (SQLite, development mode, 
 from __future__ import annotations
 
 import os
-import re
 import subprocess
 import sys
 from pathlib import Path
 
+from tests.readme_blocks import block_after
 from usp_dispatcher.app import create_app
 from usp_workers.settings import Settings
 
 from ..conftest import Serve
 
-README = Path(__file__).resolve().parents[3] / "README.md"
 SECTION = "### The content server (UCAP)"
 
 
 def readme_script() -> str:
-    _, found, rest = README.read_text(encoding="utf-8").partition(SECTION + "\n")
-    assert found, f"the README has no {SECTION!r} section"
-    block = re.search(r"^```python\n(.*?)^```", rest, flags=re.MULTILINE | re.DOTALL)
-    assert block is not None, "no python block in the UCAP section"
-    return block.group(1)
+    return block_after(SECTION + "\n", "python")
 
 
 def test_the_readme_agent_script_runs(serve: Serve, tmp_path: Path) -> None:
