@@ -21,7 +21,12 @@ from sqlmodel import Session, col, func, select
 from usp_receiver import JWKS
 from usp_workers import tasks
 from usp_workers.delivery import BatchReport, deliver_batch
-from usp_workers.health import NOTICE_BREAKER_CLOSED, NOTICE_BREAKER_OPENED, claim_probe
+from usp_workers.health import (
+    NOTICE_BREAKER_CLOSED,
+    NOTICE_BREAKER_OPENED,
+    NOTICE_BREAKER_REOPENED,
+    claim_probe,
+)
 from usp_workers.models import Attempt, BreakerState, Delivery, DeliveryStatus, Notice
 
 from .conftest import MakeSettings
@@ -140,7 +145,7 @@ async def test_breaker_opens_pauses_without_spending_attempts_probes_and_closes_
     assert row.breaker_until is not None
     assert timedelta(seconds=119) < row.breaker_until - clock() <= timedelta(seconds=120)
     reopened_until = row.breaker_until
-    assert notices(database, sub.id) == [NOTICE_BREAKER_OPENED]  # a re-open is not news
+    assert notices(database, sub.id) == [NOTICE_BREAKER_OPENED, NOTICE_BREAKER_REOPENED]
 
     # Half an hour later the endpoint is back; after the cool-down one probe succeeds and closes
     # the breaker, and then everything goes through.
@@ -156,7 +161,11 @@ async def test_breaker_opens_pauses_without_spending_attempts_probes_and_closes_
     assert row.consecutive_failures == 0
     assert row.failing_since is None
     assert row.last_success_at is not None
-    assert notices(database, sub.id) == [NOTICE_BREAKER_OPENED, NOTICE_BREAKER_CLOSED]
+    assert notices(database, sub.id) == [
+        NOTICE_BREAKER_OPENED,
+        NOTICE_BREAKER_REOPENED,
+        NOTICE_BREAKER_CLOSED,
+    ]
 
     for _ in range(3):
         pending = [i for i in ids if delivery(database, i).status == DeliveryStatus.PENDING]
@@ -305,7 +314,10 @@ def test_the_breaker_holds_across_real_worker_processes(
 
     row = subscription(pipeline.engine, subscription_id)
     assert row.breaker_state == BreakerState.CLOSED
-    assert notices(pipeline.engine, subscription_id) == [NOTICE_BREAKER_OPENED, NOTICE_BREAKER_CLOSED]
+    seen = notices(pipeline.engine, subscription_id)
+    assert seen[0] == NOTICE_BREAKER_OPENED
+    assert seen[-1] == NOTICE_BREAKER_CLOSED
+    assert set(seen[1:-1]) == {NOTICE_BREAKER_REOPENED}
     assert switch.failed <= 6 + 3  # the first wave, then a probe per cool-down: no retry storm
     with Session(pipeline.engine) as s:
         for row_d in s.exec(select(Delivery)):

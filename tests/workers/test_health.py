@@ -18,8 +18,9 @@ from sqlmodel import Session, col, select
 from usp_receiver import JWKS
 from usp_workers.db import session
 from usp_workers.delivery import deliver_batch
-from usp_workers.health import NOTICE_DISABLED, reset_health
-from usp_workers.models import DeliveryStatus, Notice, SubscriptionState
+from usp_workers.health import NOTICE_BREAKER_OPENED, NOTICE_DISABLED, reset_health
+from usp_workers.models import BreakerState, DeliveryStatus, Notice, SubscriptionState
+from usp_workers.relay import relay_once
 from usp_workers.settings import Settings
 
 from .conftest import MakeSettings
@@ -70,7 +71,7 @@ def subscription_writes(engine: Engine) -> Iterator[list[str]]:
         sa.event.remove(engine, "before_cursor_execute", listen)
 
 
-async def test_auto_disable_only_after_the_failure_period_and_an_exhausted_schedule(
+async def test_auto_disable_after_the_failure_period_at_the_next_failed_try(
     database: Engine,
     make_settings: MakeSettings,
     jwks: JWKS,
@@ -100,19 +101,17 @@ async def test_auto_disable_only_after_the_failure_period_and_an_exhausted_sched
     assert subscription(database, sub.id).state == SubscriptionState.ACTIVE
     assert subscription(database, sub.id).failing_since == failing_since
 
-    # Past five days of continuous failure, the next exhausted delivery disables it, once.
+    # Past five days of continuous failure, the next failed try disables it, once: its own
+    # schedule need not be exhausted.
     clock.advance(1.01 * DAY)
     _, third = emit_event(database)
     await deliver_batch(database, settings, third, client=client, now=clock)
-    assert subscription(database, sub.id).state == SubscriptionState.ACTIVE  # not exhausted yet
-    await settle(database, settings, third, client, clock)
     row = subscription(database, sub.id)
     assert row.state == SubscriptionState.DISABLED
-    assert row.disabled_reason is not None
-    assert "failed continuously" in row.disabled_reason
+    assert row.disabled_reason == "deliveries failed continuously for 5 days"
     [notice] = notices(database, sub.id)
     assert notice.kind == NOTICE_DISABLED
-    assert "exhausted its schedule" in notice.detail
+    assert notice.detail == row.disabled_reason
 
     # Re-enabling through reset_health forgets the streak.
     with session(database) as s:
@@ -142,7 +141,7 @@ async def test_a_success_ends_the_failure_streak(
     assert subscription(database, sub.id).failing_since is not None
 
     # Six days pass; one success, then failures again: the period starts over, so the next
-    # exhausted delivery does not disable.
+    # failures do not disable.
     clock.advance(6 * DAY)
     switch["status"] = 200
     await settle(database, settings, ids, client, clock)
@@ -204,3 +203,36 @@ async def test_a_healthy_subscription_row_is_not_written_on_every_success(
     refreshed = subscription(database, sub.id).last_success_at
     assert refreshed is not None
     assert refreshed - first_success >= timedelta(seconds=6)
+
+
+async def test_an_open_breaker_does_not_hold_back_the_disable_clock(
+    database: Engine,
+    make_settings: MakeSettings,
+    jwks: JWKS,
+    endpoints: Endpoints,
+    client: httpx.AsyncClient,
+    clock: Clock,
+) -> None:
+    """Set to disable after 20 s of failure, with a breaker whose next probe is ten minutes
+    away: the scheduler's pass disables it 20 s after the last success, not at that probe."""
+    settings = make_settings(
+        breaker_threshold=2, breaker_cooldown_seconds=600.0, auto_disable_after_seconds=20.0
+    )
+    sub = add_subscription(database, endpoints.add("down", Answer(500)))
+    ids = [emit_event(database)[1][0] for _ in range(2)]
+    await deliver_batch(database, settings, ids, client=client, now=clock)
+    assert subscription(database, sub.id).breaker_state == BreakerState.OPEN
+
+    clock.advance(19)
+    assert relay_once(database, settings, lambda _ids: None, now=clock()).disabled == 0
+    assert subscription(database, sub.id).state == SubscriptionState.ACTIVE
+
+    clock.advance(1)
+    assert relay_once(database, settings, lambda _ids: None, now=clock()).disabled == 1
+    row = subscription(database, sub.id)
+    assert row.state == SubscriptionState.DISABLED
+    assert row.disabled_reason == "deliveries failed continuously for 20 s"
+    assert [n.kind for n in notices(database, sub.id)] == [NOTICE_BREAKER_OPENED, NOTICE_DISABLED]
+    # One notice, however many passes follow.
+    assert relay_once(database, settings, lambda _ids: None, now=clock()).disabled == 0
+    assert len(notices(database, sub.id)) == 2

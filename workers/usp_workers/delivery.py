@@ -566,7 +566,7 @@ class _Batch:
         if verdict.outcome is AttemptOutcome.SUCCEEDED:
             tally.success()
         else:
-            tally.failure(exhausted=verdict.outcome is AttemptOutcome.DEAD)
+            tally.failure()
         pause = backpressure(result)
         if pause is not None:
             tally.back_off(finished + timedelta(seconds=pause))

@@ -24,10 +24,12 @@ The price is that the health columns are eventually consistent: ``last_success_a
 to the interval, and a success whose worker read the row just before another worker recorded a
 failure may skip its reset; the next success, a moment later, makes it.
 
-**Auto-disable** happens only when both hold: the subscription has failed continuously for
-``auto_disable_after_seconds`` (``failing_since``, default 5 days; any success resets it), and a
-delivery has just exhausted its retry schedule. ``410 Gone`` disables at once. Either way one
-``subscription.disabled`` notice is recorded (the conditional ``UPDATE … WHERE state =
+**Auto-disable** happens when the subscription has failed continuously for
+``auto_disable_after_seconds`` (since ``failing_since``, the first failure after the last
+success; default 5 days): at its next failed try, or, while its breaker keeps deliveries paused
+and so makes no tries, at the scheduler's next pass (:func:`disable_failing`). The clock is the
+time since the last success, whatever the breaker does. ``410 Gone`` disables at once. Either
+way one ``subscription.disabled`` notice is recorded (the conditional ``UPDATE … WHERE state =
 'active'`` lets exactly one worker win).
 
 **The circuit breaker** (``breaker_threshold`` consecutive failed tries) moves
@@ -71,6 +73,7 @@ __all__ = [
     "BACKPRESSURE_MAX",
     "NOTICE_BREAKER_CLOSED",
     "NOTICE_BREAKER_OPENED",
+    "NOTICE_BREAKER_REOPENED",
     "NOTICE_DISABLED",
     "Gate",
     "HealthPolicy",
@@ -78,7 +81,9 @@ __all__ = [
     "apply",
     "claim_probe",
     "disable",
+    "disable_failing",
     "gate",
+    "human_duration",
     "needs_write",
     "record_notice",
     "reset_health",
@@ -90,6 +95,7 @@ BACKPRESSURE_MAX = 60.0
 
 NOTICE_DISABLED = "subscription.disabled"
 NOTICE_BREAKER_OPENED = "subscription.breaker_opened"
+NOTICE_BREAKER_REOPENED = "subscription.breaker_reopened"  #: its half-open probe failed
 NOTICE_BREAKER_CLOSED = "subscription.breaker_closed"
 
 _DETAIL_MAX = 512
@@ -137,7 +143,6 @@ class Tally:
     successes: int = 0
     failures: int = 0
     trailing_failures: int = 0  #: failures after the batch's last success
-    exhausted: bool = False  #: a delivery used up its schedule (dead after a failed try)
     probe: bool = False  #: this batch held the subscription's half-open probe
     back_off_until: datetime | None = None  #: a 429/503 asked for a pause until then
     #: the row read at claim time showed a breaker not closed: a success must close it
@@ -147,10 +152,9 @@ class Tally:
         self.successes += 1
         self.trailing_failures = 0
 
-    def failure(self, *, exhausted: bool = False) -> None:
+    def failure(self) -> None:
         self.failures += 1
         self.trailing_failures += 1
-        self.exhausted = self.exhausted or exhausted
 
     def back_off(self, until: datetime) -> None:
         if self.back_off_until is None or until > self.back_off_until:
@@ -351,16 +355,26 @@ def _record_failures(connection: sa.Connection, tally: Tally, policy: HealthPoli
     failing_since: datetime | None = _aware(row.failing_since)
     if tally.probe and row.breaker_state == BreakerState.HALF_OPEN.value:
         opens = row.breaker_opens + 1
-        connection.execute(
+        cooldown = policy.cooldown_after(opens)
+        reopened = connection.execute(
             sa.update(_subscriptions)
             .where(c.id == tally.subscription_id, c.breaker_state == BreakerState.HALF_OPEN.value)
             .values(
                 breaker_state=BreakerState.OPEN.value,
-                breaker_until=now + timedelta(seconds=policy.cooldown_after(opens)),
+                breaker_until=now + timedelta(seconds=cooldown),
                 breaker_opens=opens,
                 updated_at=now,
             )
-        )
+            .returning(c.id)
+        ).first()
+        if reopened is not None:
+            record_notice(
+                connection,
+                tally.subscription_id,
+                NOTICE_BREAKER_REOPENED,
+                f"the probe failed; deliveries paused {human_duration(cooldown)}",
+                now=now,
+            )
     elif (
         policy.breaker_threshold
         and row.breaker_state == BreakerState.CLOSED.value
@@ -383,22 +397,53 @@ def _record_failures(connection: sa.Connection, tally: Tally, policy: HealthPoli
                 connection,
                 tally.subscription_id,
                 NOTICE_BREAKER_OPENED,
-                f"{row.consecutive_failures} consecutive failed tries; deliveries paused {cooldown:.0f} s",
+                f"{row.consecutive_failures} consecutive failed tries; deliveries paused"
+                f" {human_duration(cooldown)}",
                 now=now,
             )
     if (
-        tally.exhausted
-        and row.state == SubscriptionState.ACTIVE.value
+        row.state == SubscriptionState.ACTIVE.value
         and failing_since is not None
         and (now - failing_since).total_seconds() >= policy.disable_after
     ):
-        days = (now - failing_since).total_seconds() / 86400
-        disable(
-            connection,
-            tally.subscription_id,
-            f"deliveries failed continuously for {days:.1f} days and a delivery exhausted its schedule",
-            now=now,
+        disable(connection, tally.subscription_id, _failing_reason(now - failing_since), now=now)
+
+
+def disable_failing(connection: sa.Connection, policy: HealthPolicy, *, now: datetime) -> list[str]:
+    """Disable the active subscriptions whose breaker has kept their deliveries paused past
+    ``policy.disable_after`` of continuous failure (their next probe may be an hour away: the
+    clock must not wait for it); one notice each. Returns their ids."""
+    c = _subscriptions.c
+    rows = connection.execute(
+        sa.select(c.id, c.failing_since).where(
+            c.state == SubscriptionState.ACTIVE.value,
+            c.breaker_state != BreakerState.CLOSED.value,
+            c.failing_since <= now - timedelta(seconds=policy.disable_after),
         )
+    ).all()
+    disabled = []
+    for subscription_id, failing_since in rows:
+        since = _aware(failing_since)
+        assert since is not None
+        if disable(connection, subscription_id, _failing_reason(now - since), now=now):
+            disabled.append(subscription_id)
+    return disabled
+
+
+def human_duration(seconds: float) -> str:
+    """A duration as an operator reads it, in its largest sensible unit.
+
+    >>> human_duration(20.4), human_duration(150), human_duration(7200), human_duration(5 * 86400)
+    ('20 s', '2.5 min', '2 h', '5 days')
+    """
+    for unit, size in (("days", 86400.0), ("h", 3600.0), ("min", 60.0)):
+        if seconds >= size:
+            return f"{seconds / size:.1f}".removesuffix(".0") + f" {unit}"
+    return f"{seconds:.0f} s"
+
+
+def _failing_reason(failing_for: timedelta) -> str:
+    return f"deliveries failed continuously for {human_duration(failing_for.total_seconds())}"
 
 
 def _back_off(connection: sa.Connection, subscription_id: str, until: datetime) -> None:

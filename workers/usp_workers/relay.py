@@ -46,8 +46,10 @@ from kombu.utils.url import maybe_sanitize_url
 from sqlalchemy.engine import Engine
 from sqlmodel import SQLModel
 
+from . import health
 from .db import make_engine
 from .embedded_broker import make_broker_engine, prune_consumed
+from .health import HealthPolicy
 from .logs import configure_logging
 from .models import Delivery, DeliveryStatus, Subscription, utcnow
 from .operations import reclaim_stale_jobs
@@ -98,11 +100,12 @@ class RelayReport:
     failed: int = 0  #: deliveries marked but not sent (broker error); re-sent after requeue_after
     pruned: int = 0  #: consumed embedded-broker messages deleted
     jobs: int = 0  #: stalled recover/redrive jobs sent to the workers again
+    disabled: int = 0  #: subscriptions disabled after failing continuously behind an open breaker
 
     @property
     def busy(self) -> bool:
         """Whether the pass did anything worth a log line."""
-        return bool(self.reclaimed or self.enqueued or self.failed or self.pruned or self.jobs)
+        return any((self.reclaimed, self.enqueued, self.failed, self.pruned, self.jobs, self.disabled))
 
 
 def relay_once(
@@ -117,7 +120,8 @@ def relay_once(
     reclaim: bool = True,
 ) -> RelayReport:
     """One scheduler pass at ``now``: reclaim expired leases (unless ``reclaim`` is false),
-    enqueue due deliveries, re-send stalled jobs (only with ``enqueue_job``), prune.
+    enqueue due deliveries, re-send stalled jobs (only with ``enqueue_job``), disable the
+    subscriptions failing for too long behind an open breaker, prune.
 
     ``enqueue`` sends one batch (:func:`usp_workers.tasks.enqueue_deliveries` bound to an app).
     When it raises, the pass stops sending: the rest of the marked deliveries are re-sent
@@ -141,11 +145,19 @@ def relay_once(
     jobs = 0
     if enqueue_job is not None:
         jobs = _resend_jobs(engine, settings, enqueue_job, moment)
+    with engine.begin() as connection:
+        disabled = health.disable_failing(connection, HealthPolicy.from_settings(settings), now=moment)
     pruned = 0
     if settings.uses_embedded_broker:
         pruned = _prune(broker_engine, settings, moment)
     return RelayReport(
-        reclaimed=reclaimed, enqueued=enqueued, batches=batches, failed=failed, pruned=pruned, jobs=jobs
+        reclaimed=reclaimed,
+        enqueued=enqueued,
+        batches=batches,
+        failed=failed,
+        pruned=pruned,
+        jobs=jobs,
+        disabled=len(disabled),
     )
 
 
@@ -333,7 +345,8 @@ def _pass(
     if report.busy:
         logger.info(
             "scheduler: %d enqueued in %d batches, %d expired leases reclaimed, %d not sent "
-            "(broker error; re-sent in %.0f s), %d consumed broker messages pruned, %d stalled jobs re-sent",
+            "(broker error; re-sent in %.0f s), %d consumed broker messages pruned, %d stalled jobs re-sent, "
+            "%d failing subscriptions disabled",
             report.enqueued,
             report.batches,
             report.reclaimed,
@@ -341,6 +354,7 @@ def _pass(
             settings.requeue_after_seconds,
             report.pruned,
             report.jobs,
+            report.disabled,
         )
     return True
 
