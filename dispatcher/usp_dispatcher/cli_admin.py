@@ -427,6 +427,42 @@ def subscriptions_list(
     _more(page)
 
 
+@subscriptions_app.command("notices")
+def subscriptions_notices(
+    subscription_id: Annotated[
+        str | None, typer.Argument(help="One subscription's; all when omitted.")
+    ] = None,
+    kind: Annotated[str | None, typer.Option(help="e.g. subscription.disabled")] = None,
+    limit: Limit = 50,
+    cursor: Cursor = None,
+    url: Url = DEFAULT_URL,
+    token: Token = None,
+    as_json: Json = False,
+) -> None:
+    """Health notices, newest first: disabled and why, enabled, breaker opened, re-opened after
+    a failed probe, closed."""
+    with AdminClient(url, token) as api:
+        page = api.call(
+            "GET",
+            "/admin/notices",
+            params=_params(subscription_id=subscription_id, kind=kind, limit=limit, cursor=cursor),
+        )
+    if as_json:
+        print_json(page)
+        return
+    shown = table("notices", "when", "subscription", "notice", "detail")
+    for item in page["items"]:
+        add_row(
+            shown,
+            age(item["created_at"]),
+            short_id(item["subscription_id"]),
+            item["kind"].removeprefix("subscription."),
+            item["detail"],
+        )
+    console.print(shown)
+    _more(page)
+
+
 @subscriptions_app.command("disable")
 def subscriptions_disable(subscription_id: str, url: Url = DEFAULT_URL, token: Token = None) -> None:
     """Stop delivering to a subscription."""

@@ -95,6 +95,7 @@ __all__ = [
     "JobKind",
     "JobView",
     "NotFound",
+    "NoticeView",
     "OperationError",
     "Page",
     "Replayed",
@@ -105,6 +106,7 @@ __all__ = [
     "event_detail",
     "get_job",
     "list_events",
+    "list_notices",
     "list_subscriptions",
     "reclaim_stale_jobs",
     "replay_event",
@@ -293,6 +295,19 @@ class SubscriptionHealth:
     success_rate: float | None
     pending: int
     dead: int
+
+
+@dataclass(frozen=True, slots=True)
+class NoticeView:
+    """Something an operator must hear about a subscription: it was disabled (by a 410, by
+    failing too long, by an operator) or enabled, its breaker opened, re-opened after a failed
+    probe, or closed."""
+
+    id: int
+    subscription_id: str
+    kind: str
+    detail: str
+    created_at: datetime
 
 
 class JobKind:
@@ -781,6 +796,43 @@ def list_subscriptions(
     subscriptions = subscriptions[:limit]
     items = _health(session, subscriptions, now())
     return Page(items, encode_cursor(subscriptions[-1].id) if more else None)
+
+
+def list_notices(
+    session: Session,
+    *,
+    subscription_id: str | None = None,
+    kind: str | None = None,
+    cursor: str | None = None,
+    limit: int = 50,
+) -> Page[NoticeView]:
+    """Health notices, newest first, of one subscription or all."""
+    limit = _clamp(limit)
+    statement = select(Notice).order_by(col(Notice.id).desc()).limit(limit + 1)
+    if cursor is not None:
+        try:
+            before = int(decode_cursor(cursor))
+        except ValueError:
+            raise InvalidRequest("invalid_cursor", "the cursor is not one this service issued") from None
+        statement = statement.where(col(Notice.id) < before)
+    if subscription_id is not None:
+        statement = statement.where(col(Notice.subscription_id) == subscription_id)
+    if kind is not None:
+        statement = statement.where(col(Notice.kind) == kind)
+    rows = list(session.exec(statement).all())
+    more = len(rows) > limit
+    rows = rows[:limit]
+    items = [
+        NoticeView(
+            id=row.id or 0,
+            subscription_id=row.subscription_id,
+            kind=row.kind,
+            detail=row.detail,
+            created_at=row.created_at,
+        )
+        for row in rows
+    ]
+    return Page(items, encode_cursor(str(items[-1].id)) if more else None)
 
 
 def subscription_health(session: Session, subscription_id: str, *, now: Clock = utcnow) -> SubscriptionHealth:

@@ -117,8 +117,8 @@ class Settings(BaseSettings):
     auto_disable_after_seconds: float = Field(
         default=432000.0,
         gt=0,
-        description="a subscription whose deliveries failed continuously this long is disabled when a "
-        "delivery exhausts its schedule (default 5 days)",
+        description="a subscription whose deliveries failed continuously this long (from the first "
+        "failure after its last success) is disabled (default 5 days)",
     )
     breaker_threshold: int = Field(
         default=10,

@@ -218,6 +218,22 @@ class SubscriptionPage(BaseModel):
     next_cursor: str | None
 
 
+class NoticeOut(_Out):
+    id: int
+    subscription_id: str
+    kind: str = Field(
+        description="subscription.disabled | subscription.enabled | subscription.breaker_opened |"
+        " subscription.breaker_reopened | subscription.breaker_closed"
+    )
+    detail: str
+    created_at: datetime
+
+
+class NoticePage(BaseModel):
+    items: list[NoticeOut]
+    next_cursor: str | None
+
+
 # ------------------------------------------------------------------------------- events
 
 
@@ -330,6 +346,28 @@ async def list_subscriptions(
         items=[SubscriptionHealthOut.model_validate(item) for item in page.items],
         next_cursor=page.next_cursor,
     )
+
+
+@router.get("/notices", response_model=NoticePage)
+async def list_notices(
+    session: SessionDep,
+    subscription_id: Annotated[str | None, Query(max_length=40)] = None,
+    kind: Annotated[str | None, Query(max_length=64)] = None,
+    cursor: Cursor = None,
+    limit: Limit = 50,
+) -> NoticePage:
+    """Health notices, newest first: subscriptions disabled (410, failing too long, an operator)
+    or enabled, breakers opened, re-opened after a failed probe, closed."""
+    page = await _run(
+        operations.list_notices,
+        session,
+        subscription_id=subscription_id,
+        kind=kind,
+        cursor=cursor,
+        limit=limit,
+    )
+    items = [NoticeOut.model_validate(item) for item in page.items]
+    return NoticePage(items=items, next_cursor=page.next_cursor)
 
 
 @router.get(

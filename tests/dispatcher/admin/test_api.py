@@ -21,7 +21,7 @@ from fastapi.testclient import TestClient
 from sqlalchemy.engine import Engine
 from sqlmodel import Session, col, select
 
-from usp_workers import operations, tasks
+from usp_workers import health, operations, tasks
 from usp_workers.celery_app import QUEUE
 from usp_workers.embedded_broker import make_broker_engine
 from usp_workers.models import Delivery, DeliveryStatus, EventRecord, Subscription, SubscriptionState
@@ -424,6 +424,39 @@ def test_subscriptions_with_health_disable_and_enable(client: TestClient, engine
         row = s.get(Subscription, deleted)
         assert row is not None
         assert row.state == SubscriptionState.DISABLED
+
+
+def test_health_notices_are_listed_newest_first_by_subscription_and_kind(
+    client: TestClient, engine: Engine
+) -> None:
+    """The engine's notices (breaker opened, re-opened after a failed probe, disabled for
+    failing too long) and the operator's, through one listing with filters and cursors."""
+    target, other = (subscribe(client, f"{SINK}/{n}")["id"] for n in range(2))
+    moment = datetime.now(UTC)
+    written = [
+        (target, health.NOTICE_BREAKER_OPENED, "10 consecutive failed tries; deliveries paused 30 s"),
+        (target, health.NOTICE_BREAKER_REOPENED, "the probe failed; deliveries paused 1 min"),
+        (other, health.NOTICE_BREAKER_OPENED, "10 consecutive failed tries; deliveries paused 30 s"),
+        (target, health.NOTICE_DISABLED, "deliveries failed continuously for 20 s"),
+    ]
+    with engine.begin() as connection:
+        for n, (subscription_id, kind, detail) in enumerate(written):
+            at = moment + timedelta(seconds=n)
+            if kind == health.NOTICE_DISABLED:
+                assert health.disable(connection, subscription_id, detail, now=at)
+            else:
+                health.record_notice(connection, subscription_id, kind, detail, now=at)
+    assert client.post(f"/admin/subscriptions/{target}/enable", headers=ADMIN).status_code == 200
+
+    mine = walk(client, "/admin/notices", {"subscription_id": target, "limit": 2})
+    assert [(n["kind"], n["detail"]) for n in mine] == [
+        ("subscription.enabled", ""),
+        *[(kind, detail) for subscription_id, kind, detail in reversed(written) if subscription_id == target],
+    ]
+    opened = walk(client, "/admin/notices", {"kind": "subscription.breaker_opened"})
+    assert [n["subscription_id"] for n in opened] == [other, target]
+    refused = client.get("/admin/notices", params={"cursor": "nope"}, headers=ADMIN)
+    assert_problem(refused, 422, "invalid_cursor")
 
 
 def test_a_subscriptions_rate_limit_is_set_shown_and_lifted(client: TestClient, engine: Engine) -> None:

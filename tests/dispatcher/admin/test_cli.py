@@ -183,6 +183,19 @@ def test_subscriptions_list_disable_enable_rate_limit(live: Live) -> None:
     assert (disabled["id"], disabled["disabled_reason"]) == (subscription, "disabled by an operator")
     assert f"{subscription} is active" in live.ok("subscriptions", "enable", subscription)
 
+    # The notices, newest first, in the table and as JSON; another subscription's are not listed.
+    other = live.subscribe(live.endpoint("others", Answer(200))[0])
+    live.ok("subscriptions", "disable", other)
+    shown = live.ok("subscriptions", "notices", subscription)
+    assert shown.index("enabled") < shown.index("disabled by an operator")
+    notices = json.loads(live.ok("subscriptions", "notices", subscription, "--json"))["items"]
+    assert [(n["subscription_id"], n["kind"]) for n in notices] == [
+        (subscription, "subscription.enabled"),
+        (subscription, "subscription.disabled"),
+    ]
+    everyone = json.loads(live.ok("subscriptions", "notices", "--kind", "subscription.disabled", "--json"))
+    assert [n["subscription_id"] for n in everyone["items"]] == [other, subscription]
+
     limited = live.ok("subscriptions", "rate-limit", subscription, "7")
     assert f"{subscription}: at most 7 deliveries per second" in limited
     assert rate_limit(live.engine, subscription) == 7
