@@ -44,8 +44,23 @@ def test_the_superseded_migration_marks_dead_deliveries_already_delivered_again(
         config.attributes["connection"] = connection
         command.downgrade(config, "0004")
     now = utcnow()
-    with Session(database) as session:  # these two tables are as 0004 left them
-        session.add(Subscription(id="sub_1", url="https://a.example/h"))
+    with database.begin() as connection:
+        connection.execute(
+            sa.insert(_as_of_0004(Subscription)),
+            {
+                "id": "sub_1",
+                "url": "https://a.example/h",
+                "transport": "rest",
+                "event_types": '["*"]',
+                "state": "active",
+                "consecutive_failures": 0,
+                "breaker_state": "closed",
+                "breaker_opens": 0,
+                "created_at": now,
+                "updated_at": now,
+            },
+        )
+    with Session(database) as session:  # the events table is as 0004 left it
         for event_id in ("evt_redriven", "evt_dead"):
             session.add(
                 EventRecord(id=event_id, event_type="booking.confirmed", occurred_at=now, payload="{}")
@@ -53,7 +68,7 @@ def test_the_superseded_migration_marks_dead_deliveries_already_delivered_again(
         session.commit()
     with database.begin() as connection:
         connection.execute(
-            sa.insert(_deliveries_as_of_0004()),
+            sa.insert(_as_of_0004(Delivery)),
             [
                 _delivery("dlv_1", "evt_redriven", "dead", now),
                 _delivery("dlv_2", "evt_redriven", "succeeded", now),
@@ -74,9 +89,13 @@ def test_the_superseded_migration_marks_dead_deliveries_already_delivered_again(
     ]
 
 
-def _deliveries_as_of_0004() -> sa.TableClause:
-    table = SQLModel.metadata.tables[str(Delivery.__tablename__)]
-    columns = [sa.column(c.name, c.type) for c in table.columns if c.name != "superseded_by"]
+#: Columns later migrations added.
+_AFTER_0004 = {"superseded_by", "subject_key", "subject_order", "ordering", "on_dead"}
+
+
+def _as_of_0004(model: type[SQLModel]) -> sa.TableClause:
+    table = SQLModel.metadata.tables[str(model.__tablename__)]
+    columns = [sa.column(c.name, c.type) for c in table.columns if c.name not in _AFTER_0004]
     return sa.table(table.name, *columns)
 
 

@@ -40,6 +40,7 @@ HTTP exchanges to the loop.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
@@ -64,7 +65,9 @@ from .models import (
     SubscriptionState,
     utcnow,
 )
+from .ordering import successors
 from .outage import DATABASE_OUTAGE, database_unavailable
+from .outbox import Enqueue
 from .payloads import BodyCache, build_delivery_request
 from .runtime import background_runtime
 from .schedule import RetrySchedule
@@ -83,6 +86,7 @@ from .transport import TryResult, endpoint_slot, refused_result, send_once
 from .verdict import Verdict, judge
 
 __all__ = [
+    "RECORD_DELAY",
     "RECORD_MARGIN",
     "SLOT_WAIT",
     "BatchReport",
@@ -99,6 +103,8 @@ Clock = Callable[[], datetime]
 HOLD_OUTCOMES_SECONDS = 600.0
 #: Seconds kept in reserve at the end of a lease for recording the batch's results.
 RECORD_MARGIN = 2.0
+#: Seconds an ended try's outcome may wait to share its record with others that end soon after.
+RECORD_DELAY = 0.2
 #: Seconds a batch waits for an endpoint slot another batch holds before deferring its
 #: deliveries to that endpoint: long enough to smooth contention on a fast endpoint, short
 #: enough that a hung endpoint never parks worker threads.
@@ -129,6 +135,8 @@ class BatchReport:
     requested: int
     claimed: int = 0
     results: list[DeliveryResult] = field(default_factory=list)
+    #: deliveries of ordered subjects that this batch's outcomes let go, handed to the broker
+    released: list[str] = field(default_factory=list)
 
     @property
     def skipped(self) -> int:
@@ -188,12 +196,15 @@ async def deliver_batch(
     resolver: Resolver | None = None,
     now: Clock = utcnow,
     schedule: RetrySchedule | None = None,
+    enqueue: Enqueue | None = None,
 ) -> BatchReport:
     """Try each due delivery among ``delivery_ids`` once, and record the results.
 
     ``client`` is the process's shared client (:func:`usp_workers.transport.make_client`): built
     once and reused so connections are pooled. ``resolver`` replaces DNS for the SSRF check
-    (tests); ``now`` is the clock; ``schedule`` defaults to the one ``settings`` configure.
+    (tests); ``now`` is the clock; ``schedule`` defaults to the one ``settings`` configure;
+    ``enqueue`` hands an ordered subject's next delivery to the broker once this batch settles
+    the one before it (without it, the scheduler's next pass sends it).
     Raises :class:`~usp_workers.keycache.NoSigningKey` (before claiming anything) when no key
     signs now; database errors propagate (claimed deliveries then come back when their lease
     expires).
@@ -203,8 +214,14 @@ async def deliver_batch(
     )
     if isinstance(opened, BatchReport):
         return opened
-    await opened.run(opened.claimed, resolver)
-    return await anyio.to_thread.run_sync(opened.close)
+    opened.enqueue = enqueue
+    async with anyio.create_task_group() as group:
+        group.start_soon(partial(anyio.to_thread.run_sync, opened.record_as_they_end))
+        try:
+            await opened.run(opened.claimed, resolver)
+        finally:
+            opened.sent()
+    return opened.report
 
 
 def deliver_batch_sync(
@@ -216,6 +233,7 @@ def deliver_batch_sync(
     resolver: Resolver | None = None,
     now: Clock = utcnow,
     schedule: RetrySchedule | None = None,
+    enqueue: Enqueue | None = None,
 ) -> BatchReport:
     """:func:`deliver_batch` for synchronous callers (Celery worker threads, scripts).
 
@@ -237,8 +255,12 @@ def deliver_batch_sync(
     )
     if isinstance(opened, BatchReport):
         return opened
-    runtime.run(opened.run(opened.claimed, resolver))
-    return opened.close()
+    opened.enqueue = enqueue
+    sending = runtime.submit(opened.run(opened.claimed, resolver))
+    sending.add_done_callback(lambda _: opened.sent())
+    opened.record_as_they_end()
+    sending.result()  # the sending's own error, if any, once what it concluded is recorded
+    return opened.report
 
 
 def _open(
@@ -310,9 +332,13 @@ class _Batch:
     claimed: list[Claimed]
     report: BatchReport
     bodies: BodyCache = field(default_factory=dict)
+    enqueue: Enqueue | None = None
+    #: outcomes concluded and not yet recorded (guarded by ``concluded``)
     attempts: list[AttemptRow] = field(default_factory=list)
     updates: list[DeliveryUpdate] = field(default_factory=list)
     results: list[DeliveryResult] = field(default_factory=list)
+    concluded: threading.Condition = field(default_factory=threading.Condition)
+    done_sending: bool = False
     tallies: dict[str, Tally] = field(default_factory=dict)
     #: per rate-limited subscription: when its next slot frees, and how many were deferred to it
     rate_blocked: dict[str, tuple[datetime, int]] = field(default_factory=dict)
@@ -321,8 +347,45 @@ class _Batch:
     def policy(self) -> HealthPolicy:
         return HealthPolicy.from_settings(self.settings)
 
-    def close(self) -> BatchReport:
-        """Record what happened (blocking) and report it.
+    def sent(self) -> None:
+        """Every try of the batch has ended (or the sending failed): the last record may run."""
+        with self.concluded:
+            self.done_sending = True
+            self.concluded.notify_all()
+
+    def record_as_they_end(self) -> None:
+        """Record outcomes while the batch runs, each within :data:`RECORD_DELAY` of its try's
+        end (blocking; returns once the last is recorded).
+
+        Why not once at the end: a batch lasts as long as its slowest try, and a 3 ms success that
+        shared a batch with a 15 s timeout would stay unrecorded for 15 s, to be sent again if
+        the worker died in between. Why not one transaction per outcome: a fast batch ends
+        within the delay and keeps its one record; outcomes that end together share one.
+        """
+        while True:
+            with self.concluded:
+                while not self.done_sending and not (self.updates or self.results):
+                    self.concluded.wait()
+                deadline = time.monotonic() + RECORD_DELAY
+                while not self.done_sending and (remaining := deadline - time.monotonic()) > 0:
+                    self.concluded.wait(remaining)
+                last = self.done_sending
+                attempts, updates, results = self.attempts, self.updates, self.results
+                self.attempts, self.updates, self.results = [], [], []
+            self._record(attempts, updates, results, last=last)
+            if last:
+                return
+
+    def _record(
+        self,
+        attempts: list[AttemptRow],
+        updates: list[DeliveryUpdate],
+        results: list[DeliveryResult],
+        *,
+        last: bool,
+    ) -> None:
+        """Write these outcomes (the last write also the subscriptions' health), then hand over
+        what they let go of an ordered subject.
 
         If the database does not answer, the outcomes are held here and written as soon as it
         does (retried every second at most, for up to :data:`HOLD_OUTCOMES_SECONDS`): dropping
@@ -332,15 +395,17 @@ class _Batch:
         which gives this retry the time to land first.
         """
         recorded_at = self.now()
-        health_tallies = self.health_writes(recorded_at)
+        health_tallies = self.health_writes(recorded_at) if last else []
+        if not (updates or health_tallies):
+            return
         held_since = time.monotonic()
         pause = 0.1
         while True:
             try:
                 applied = record(
                     self.engine,
-                    attempts=self.attempts,
-                    updates=self.updates,
+                    attempts=attempts,
+                    updates=updates,
                     lease_until=self.lease_until,
                     now=recorded_at,
                     health_tallies=health_tallies,
@@ -354,11 +419,30 @@ class _Batch:
                 time.sleep(pause)
                 pause = min(2 * pause, 1.0)
         DATABASE_OUTAGE.succeeded()
-        report = self.report
-        report.results = [_applied(result, result.delivery_id in applied) for result in self.results]
-        if report.stale:
-            logger.warning("%d deliveries were taken over after their lease expired", report.stale)
-        return report
+        results = [_applied(result, result.delivery_id in applied) for result in results]
+        self.report.results.extend(results)
+        stale = sum(not result.applied for result in results)
+        if stale:
+            logger.warning("%d deliveries were taken over after their lease expired", stale)
+        self._release_subjects([u for u in updates if u.delivery_id in applied], recorded_at)
+
+    def _release_subjects(self, updates: list[DeliveryUpdate], now: datetime) -> None:
+        """Hand over the next delivery of each ordered subject these settled (best effort: the
+        scheduler sends what this misses)."""
+        ordered = {delivery.id for delivery in self.claimed if delivery.subject_key is not None}
+        settled = (DeliveryStatus.SUCCEEDED, DeliveryStatus.DEAD)
+        finished = [u.delivery_id for u in updates if u.status in settled and u.delivery_id in ordered]
+        if not finished:
+            return
+        try:
+            with self.engine.begin() as connection:
+                released = successors(connection, finished, now=now, handed=self.enqueue is not None)
+            if released and self.enqueue is not None:
+                self.enqueue(released)
+        except Exception:
+            logger.exception("could not hand over the next deliveries of %d subjects", len(finished))
+            return
+        self.report.released.extend(released)
 
     def health_writes(self, now: datetime) -> list[Tally]:
         """The tallies that must touch their subscription's row (see :mod:`usp_workers.health`)."""
@@ -571,19 +655,7 @@ class _Batch:
         if pause is not None:
             tally.back_off(finished + timedelta(seconds=pause))
         _log_try(delivery, event, number, verdict, result)
-        self.attempts.append(
-            AttemptRow(
-                delivery_id=delivery.id,
-                attempt_number=number,
-                started_at=result.started_at,
-                duration_ms=round(result.duration_ms, 3),
-                status_code=result.status_code,
-                response_excerpt=result.response_excerpt,
-                error_class=verdict.error_class,
-                outcome=verdict.outcome.value,
-            )
-        )
-        self.updates.append(
+        self._queue_outcome(
             DeliveryUpdate(
                 delivery_id=delivery.id,
                 status=verdict.status,
@@ -592,9 +664,7 @@ class _Batch:
                 last_status_code=result.status_code,
                 last_error=verdict.last_error,
                 disable_subscription=_disable(verdict, subscription),
-            )
-        )
-        self.results.append(
+            ),
             DeliveryResult(
                 delivery_id=delivery.id,
                 outcome=verdict.outcome,
@@ -604,7 +674,17 @@ class _Batch:
                 error_class=verdict.error_class,
                 next_attempt_at=next_at,
                 duration_ms=result.duration_ms,
-            )
+            ),
+            AttemptRow(
+                delivery_id=delivery.id,
+                attempt_number=number,
+                started_at=result.started_at,
+                duration_ms=round(result.duration_ms, 3),
+                status_code=result.status_code,
+                response_excerpt=result.response_excerpt,
+                error_class=verdict.error_class,
+                outcome=verdict.outcome.value,
+            ),
         )
 
     def _defer(
@@ -614,16 +694,14 @@ class _Batch:
         subscription's health paused it (due ``until``). Back to pending (the relay re-sends it
         when due); no Attempt, ``attempt_count`` unchanged."""
         due = until if until is not None else self.now()
-        self.updates.append(
+        self._queue_outcome(
             DeliveryUpdate(
                 delivery_id=delivery.id,
                 status=DeliveryStatus.PENDING,
                 tried=False,
                 deferred=True,
                 next_attempt_at=due,
-            )
-        )
-        self.results.append(
+            ),
             DeliveryResult(
                 delivery_id=delivery.id,
                 outcome=AttemptOutcome.RETRY,
@@ -631,28 +709,37 @@ class _Batch:
                 attempt_number=None,
                 error_class=reason,
                 next_attempt_at=due,
-            )
+            ),
         )
 
     def _give_up(self, delivery: Claimed, reason: str) -> None:
         """Dead without a try: no Attempt row, ``attempt_count`` unchanged."""
-        self.updates.append(
+        self._queue_outcome(
             DeliveryUpdate(
                 delivery_id=delivery.id,
                 status=DeliveryStatus.DEAD,
                 tried=False,
                 last_error=reason,
-            )
-        )
-        self.results.append(
+            ),
             DeliveryResult(
                 delivery_id=delivery.id,
                 outcome=AttemptOutcome.DEAD,
                 status=DeliveryStatus.DEAD,
                 attempt_number=None,
                 error_class=reason.replace(" ", "_"),
-            )
+            ),
         )
+
+    def _queue_outcome(
+        self, update: DeliveryUpdate, result: DeliveryResult, attempt: AttemptRow | None = None
+    ) -> None:
+        """Queue one delivery's outcome for :meth:`record_as_they_end`."""
+        with self.concluded:
+            if attempt is not None:
+                self.attempts.append(attempt)
+            self.updates.append(update)
+            self.results.append(result)
+            self.concluded.notify_all()
 
 
 async def _check_targets(

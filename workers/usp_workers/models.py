@@ -29,6 +29,8 @@ __all__ = [
     "Job",
     "JobStatus",
     "Notice",
+    "OnDead",
+    "Ordering",
     "RateSlot",
     "SigningKeyRecord",
     "Subscription",
@@ -73,6 +75,22 @@ class UtcDateTime(sa.TypeDecorator[datetime]):
 class Transport(enum.StrEnum):
     REST = "rest"  #: POST the event JSON
     JSONRPC = "jsonrpc"  #: POST a ``usp_webhook`` JSON-RPC notification
+
+
+class Ordering(enum.StrEnum):
+    """Whether a subscription's deliveries keep the order of their events."""
+
+    NONE = "none"  #: any order: deliveries go out in parallel (the throughput default)
+    #: events of one subject (a booking, a waitlist entry, a post) arrive in the order they were
+    #: emitted; a failing event holds back only the later events of its own subject
+    SUBJECT = "subject"
+
+
+class OnDead(enum.StrEnum):
+    """What a dead delivery does to the later events of its subject, under subject ordering."""
+
+    BLOCK = "block"  #: they wait until it is redriven (or pruned by retention)
+    SKIP = "skip"  #: they go on; the dead one stays in the dead letter
 
 
 class SubscriptionState(enum.StrEnum):
@@ -171,6 +189,12 @@ class Subscription(SQLModel, table=True):
         sa_column_kwargs={"server_default": "0"},
         description="times the breaker opened since it was last closed (the cool-down doubles each time)",
     )
+    ordering: Ordering = Field(
+        default=Ordering.NONE, sa_type=sa.String(16), sa_column_kwargs={"server_default": "none"}
+    )
+    on_dead: OnDead = Field(
+        default=OnDead.BLOCK, sa_type=sa.String(16), sa_column_kwargs={"server_default": "block"}
+    )
     created_at: datetime = Field(default_factory=utcnow, sa_type=UtcDateTime)
     updated_at: datetime = Field(default_factory=utcnow, sa_type=UtcDateTime)
 
@@ -216,7 +240,17 @@ class Delivery(SQLModel, table=True):
     """One event to one subscription, tried until it succeeds or goes dead."""
 
     __tablename__ = "usp_deliveries"
-    __table_args__ = (sa.Index("ix_usp_deliveries_due", "status", "next_attempt_at"),)
+    __table_args__ = (
+        sa.Index("ix_usp_deliveries_due", "status", "next_attempt_at"),
+        sa.Index(
+            "ix_usp_deliveries_subject",
+            "subscription_id",
+            "subject_key",
+            "subject_order",
+            postgresql_where=sa.text("subject_key IS NOT NULL"),
+            sqlite_where=sa.text("subject_key IS NOT NULL"),
+        ),
+    )
 
     id: str = Field(default_factory=lambda: new_id("dlv"), primary_key=True, max_length=40)
     event_id: str = Field(foreign_key="usp_events.id", index=True, max_length=80)
@@ -232,6 +266,10 @@ class Delivery(SQLModel, table=True):
     updated_at: datetime = Field(default_factory=utcnow, sa_type=UtcDateTime)
     completed_at: datetime | None = Field(default=None, sa_type=UtcDateTime)
     superseded_by: str | None = Field(default=None, max_length=40)
+    #: under subject ordering (:mod:`usp_workers.ordering`): the event's subject, and the event's
+    #: place among that subject's events; null for an unordered delivery
+    subject_key: str | None = Field(default=None, max_length=128)
+    subject_order: str | None = Field(default=None, max_length=128)
 
 
 class Attempt(SQLModel, table=True):

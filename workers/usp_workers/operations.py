@@ -74,6 +74,7 @@ from .models import (
     new_id,
     utcnow,
 )
+from .ordering import subject_of
 from .outbox import Enqueue, _enqueue_after_commit, event_matches, reaches
 
 __all__ = [
@@ -459,27 +460,38 @@ def replay_event(
     if subscription_id is not None:
         subscription = _subscription(session, subscription_id)
         _check_target(subscription, record)
-        targets = [subscription.id]
+        targets = [(subscription.id, subscription.ordering)]
     else:
         rows = session.connection().execute(
-            sa.select(_subscriptions.c.id, _subscriptions.c.event_types, _subscriptions.c.platform_profile)
+            sa.select(
+                _subscriptions.c.id,
+                _subscriptions.c.event_types,
+                _subscriptions.c.platform_profile,
+                _subscriptions.c.ordering,
+            )
             .where(_subscriptions.c.state == SubscriptionState.ACTIVE.value)
             .order_by(_subscriptions.c.id)
         )
         targets = [
-            row.id
+            (row.id, row.ordering)
             for row in rows
             if event_matches(record.event_type, json.loads(row.event_types))
             and reaches(row.platform_profile, record.audience)
         ]
     moment = now()
-    created = [(new_id("dlv"), target) for target in targets]
+    created = [(new_id("dlv"), target) for target, _ in targets]
     if created:
+        subjects = [
+            subject_of(ordering, record.subject_id, record.created_at, record.id) for _, ordering in targets
+        ]
         try:
             session.connection().execute(
                 sa.insert(_deliveries),
                 # As emit's: marked handed off now; the relay re-sends only if the hand-off is lost.
-                [_new_delivery(did, event_id, sid, moment, enqueued_at=moment) for did, sid in created],
+                [
+                    _new_delivery(did, event_id, sid, moment, enqueued_at=moment, subject=subject)
+                    for (did, sid), subject in zip(created, subjects, strict=True)
+                ],
             )
             _supersede(session.connection(), [(did, event_id, sid) for did, sid in created], moment)
         except sa.exc.IntegrityError:
@@ -731,7 +743,14 @@ def step_job(
         connection = s.connection()
         enqueued_at = moment if enqueue is not None else None
         fresh = [
-            _new_delivery(new_id("dlv"), row.event_id, row.subscription_id, moment, enqueued_at=enqueued_at)
+            _new_delivery(
+                new_id("dlv"),
+                row.event_id,
+                row.subscription_id,
+                moment,
+                enqueued_at=enqueued_at,
+                subject=(row.subject_key, row.subject_order),  # the dead one's place
+            )
             for row in rows
             if row.status == DeliveryStatus.DEAD.value
         ]
@@ -975,7 +994,10 @@ def _new_delivery(
     moment: datetime,
     *,
     enqueued_at: datetime | None,
+    subject: tuple[str | None, str | None] = (None, None),
 ) -> dict[str, Any]:
+    """A new delivery row; ``subject``: its ``(subject_key, subject_order)`` under subject
+    ordering (:func:`usp_workers.ordering.subject_of`), so it takes its event's place."""
     return {
         "id": delivery_id,
         "event_id": event_id,
@@ -986,6 +1008,8 @@ def _new_delivery(
         "enqueued_at": enqueued_at,
         "created_at": moment,
         "updated_at": moment,
+        "subject_key": subject[0],
+        "subject_order": subject[1],
     }
 
 
@@ -1088,7 +1112,12 @@ def _candidates_query(kind: str, params: dict[str, Any]) -> sa.Select[Any]:
     )
     statement = (
         sa.select(
-            _deliveries.c.id, _deliveries.c.event_id, _deliveries.c.subscription_id, _deliveries.c.status
+            _deliveries.c.id,
+            _deliveries.c.event_id,
+            _deliveries.c.subscription_id,
+            _deliveries.c.status,
+            _deliveries.c.subject_key,
+            _deliveries.c.subject_order,
         )
         .join(_events, _events.c.id == _deliveries.c.event_id)
         .where(latest)

@@ -53,6 +53,7 @@ from .health import HealthPolicy
 from .logs import configure_logging
 from .models import Delivery, DeliveryStatus, Subscription, utcnow
 from .operations import reclaim_stale_jobs
+from .ordering import unblocked
 from .outage import BROKER_OUTAGE, DATABASE_OUTAGE, database_unavailable
 from .outbox import Enqueue
 from .retention import RetentionReport, RetentionSchedule, prune_once
@@ -191,7 +192,9 @@ def mark_due(
     claimed only to be put back to ``pending`` until ``breaker_until``, a wasted task and two
     writes each, every pass. They are sent once it passes (the half-open probe among them). The
     test is a ``NOT EXISTS`` on the subscription's primary key per due row, so the scan stays
-    the due index's and the subscriptions table is only probed, never scanned.
+    the due index's and the subscriptions table is only probed, never scanned. Deliveries held
+    back behind an earlier one of their subject (:func:`usp_workers.ordering.unblocked`) are
+    skipped likewise: the one that settles it hands them over.
     """
     cutoff = now - timedelta(seconds=settings.requeue_after_seconds)
     due = sa.and_(
@@ -205,7 +208,7 @@ def mark_due(
     )
     candidates = (
         sa.select(_deliveries.c.id)
-        .where(due, ~paused)
+        .where(due, ~paused, unblocked(_deliveries))
         .order_by(_deliveries.c.next_attempt_at)
         .limit(limit)
         .with_for_update(skip_locked=True)  # PostgreSQL; SQLite renders nothing (it locks the file)

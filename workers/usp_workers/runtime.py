@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import concurrent.futures
 import os
 import threading
 from collections.abc import Coroutine
@@ -48,10 +49,14 @@ class BackgroundRuntime:
 
     def run(self, coroutine: Coroutine[Any, Any, T]) -> T:
         """Run ``coroutine`` on the loop and wait for its result (from any other thread)."""
+        return self.submit(coroutine).result()
+
+    def submit(self, coroutine: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
+        """Start ``coroutine`` on the loop (from any other thread); its future."""
         if threading.current_thread() is self._thread:
             coroutine.close()
             raise RuntimeError("BackgroundRuntime.run called from its own loop: await the coroutine")
-        return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result()
+        return asyncio.run_coroutine_threadsafe(coroutine, self.loop)
 
     def close(self) -> None:
         """Close the client, stop the loop and its thread. Idempotent."""

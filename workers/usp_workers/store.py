@@ -50,6 +50,7 @@ from .models import (
     SubscriptionState,
     Transport,
 )
+from .ordering import unblocked
 
 __all__ = [
     "AttemptRow",
@@ -79,6 +80,7 @@ class Claimed:
     event_id: str
     subscription_id: str
     attempt_count: int  #: tries made before this one
+    subject_key: str | None = None  #: set under subject ordering (:mod:`usp_workers.ordering`)
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,7 +170,7 @@ def claim_and_load(
     events: dict[str, LoadedEvent] = {}
     subscriptions: dict[str, LoadedSubscription] = {}
     for row in rows:
-        claims.append(Claimed(row.id, row.event_id, row.subscription_id, row.attempt_count))
+        claims.append(Claimed(row.id, row.event_id, row.subscription_id, row.attempt_count, row.subject_key))
         if row.payload is not None and row.event_id not in events:  # null: the event is gone
             events[row.event_id] = LoadedEvent(row.event_id, row.correlation_id, row.payload)
         if row.url is not None and row.subscription_id not in subscriptions:
@@ -227,7 +229,7 @@ def _statements(dialect: str) -> _Statements:
     )
     by_id = _among(_deliveries.c.id, dialect)
     if dialect != "postgresql":
-        claim = claim.where(by_id, _due(_deliveries, sa.bindparam("claimed_at")))
+        claim = claim.where(by_id, _due(_deliveries, sa.bindparam("claimed_at")), unblocked(_deliveries))
         return _Statements(claim.returning(_deliveries.c.id), _read(_deliveries).where(by_id))
     locked = (
         sa.select(
@@ -241,12 +243,15 @@ def _statements(dialect: str) -> _Statements:
         .cte("locked")
     )
     updated = (
-        claim.where(_deliveries.c.id == locked.c.id, _due(locked, sa.bindparam("claimed_at")))
+        claim.where(
+            _deliveries.c.id == locked.c.id, _due(locked, sa.bindparam("claimed_at")), unblocked(_deliveries)
+        )
         .returning(
             _deliveries.c.id,
             _deliveries.c.event_id,
             _deliveries.c.subscription_id,
             _deliveries.c.attempt_count,
+            _deliveries.c.subject_key,
         )
         .cte("claimed")
     )
@@ -254,8 +259,9 @@ def _statements(dialect: str) -> _Statements:
 
 
 def _read(claimed: Any) -> sa.Select[Any]:
-    """``claimed``'s rows (``id``, ``event_id``, ``subscription_id``, ``attempt_count``) with what
-    a try needs of their events and subscriptions (null where those are gone), in id order."""
+    """``claimed``'s rows (``id``, ``event_id``, ``subscription_id``, ``attempt_count``,
+    ``subject_key``) with what a try needs of their events and subscriptions (null where those are
+    gone), in id order."""
     events, subscriptions = _events.c, _subscriptions.c
     return (
         sa.select(
@@ -263,6 +269,7 @@ def _read(claimed: Any) -> sa.Select[Any]:
             claimed.c.event_id,
             claimed.c.subscription_id,
             claimed.c.attempt_count,
+            claimed.c.subject_key,
             events.correlation_id,
             events.payload,
             subscriptions.url,

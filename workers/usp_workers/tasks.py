@@ -76,7 +76,9 @@ def _deliver(task: Any, delivery_ids: list[str]) -> dict[str, int]:
     """
     settings = settings_of(task.app)
     started = time.perf_counter()
-    report = delivery.deliver_batch_sync(engine_for(settings), settings, delivery_ids)
+    report = delivery.deliver_batch_sync(
+        engine_for(settings), settings, delivery_ids, enqueue=enqueuer(task.app)
+    )
     elapsed_ms = (time.perf_counter() - started) * 1000
     summary = {
         "requested": report.requested,
