@@ -35,7 +35,7 @@ from sqlmodel import Session, col, select
 
 from usp_schemas import EVENT_TYPES
 from usp_workers import db
-from usp_workers.models import Subscription, SubscriptionState, Transport, utcnow
+from usp_workers.models import OnDead, Ordering, Subscription, SubscriptionState, Transport, utcnow
 from usp_workers.operations import DELETED
 from usp_workers.settings import Settings
 from usp_workers.ssrf import ResolvedTarget, Resolver, TargetRefused, check_target
@@ -89,6 +89,8 @@ class SubscriptionSpec:
     transport: Transport = Transport.REST
     event_types: Sequence[str] = ("*",)
     platform_profile: str | None = None
+    ordering: Ordering = Ordering.NONE
+    on_dead: OnDead = OnDead.BLOCK
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,6 +102,8 @@ class CheckedSubscription:
     transport: Transport
     event_types: tuple[str, ...]
     platform_profile: str | None
+    ordering: Ordering = Ordering.NONE
+    on_dead: OnDead = OnDead.BLOCK
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,7 +158,14 @@ async def check_subscription(
     patterns = normalize_event_types(spec.event_types)
     url = wire_url(spec.url)
     await check_url(url, settings, resolver=resolver)
-    return CheckedSubscription(url, Transport(spec.transport), tuple(patterns), spec.platform_profile)
+    return CheckedSubscription(
+        url,
+        Transport(spec.transport),
+        tuple(patterns),
+        spec.platform_profile,
+        Ordering(spec.ordering),
+        OnDead(spec.on_dead),
+    )
 
 
 def add_subscription(session: Session, checked: CheckedSubscription) -> Subscription:
@@ -164,6 +175,8 @@ def add_subscription(session: Session, checked: CheckedSubscription) -> Subscrip
         transport=checked.transport,
         event_types=json.dumps(list(checked.event_types)),
         platform_profile=checked.platform_profile,
+        ordering=checked.ordering,
+        on_dead=checked.on_dead,
     )
     session.add(subscription)
     session.flush()
@@ -273,6 +286,8 @@ def subscription_view(subscription: Subscription) -> dict[str, Any]:
         "transport": Transport(subscription.transport).value,
         "event_types": json.loads(subscription.event_types),
         "platform_profile": subscription.platform_profile,
+        "ordering": Ordering(subscription.ordering).value,
+        "on_dead": OnDead(subscription.on_dead).value,
         "state": SubscriptionState(subscription.state).value,
         "disabled_reason": subscription.disabled_reason,
         "created_at": subscription.created_at.isoformat(),

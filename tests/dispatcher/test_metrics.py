@@ -14,7 +14,15 @@ from sqlmodel import SQLModel
 from tests.schemas.samples import sample
 from usp_schemas import new_event_id
 from usp_workers import db
-from usp_workers.models import Attempt, BreakerState, Delivery, Subscription, SubscriptionState, utcnow
+from usp_workers.models import (
+    Attempt,
+    BreakerState,
+    Delivery,
+    Ordering,
+    Subscription,
+    SubscriptionState,
+    utcnow,
+)
 from usp_workers.operations import DELETED, replay_event
 from usp_workers.outbox import emit
 
@@ -207,3 +215,40 @@ def test_a_redriven_dead_delivery_leaves_the_dead_letter_size(
     assert value(found, "usp_dead_letter_size") == 0
     assert value(found, "usp_deliveries", status="superseded", event_type="booking.confirmed") == 1
     assert not [s for s in found["usp_deliveries"] if s.labels["status"] == "dead"], "both series agree"
+
+
+def test_a_subject_blocked_by_a_dead_delivery_shows_in_the_metrics_and_the_admin_api(
+    make_client: MakeClient, engine: Engine
+) -> None:
+    """An ordered subscription's poison event: the gauge counts its subject, the admin API names
+    it with what waits behind it; an unordered subscription's dead delivery blocks nothing."""
+    client = make_client()
+    with db.session(engine) as s:
+        ordered = Subscription(url="http://127.0.0.1:9/ordered", ordering=Ordering.SUBJECT)
+        unordered = Subscription(url="http://127.0.0.1:9/unordered")
+        s.add(ordered)
+        s.add(unordered)
+        s.commit()
+        events = [emit(s, sample("booking.confirmed") | {"event_id": new_event_id()}).id for _ in range(3)]
+        s.commit()
+        ordered_id, unordered_id = ordered.id, unordered.id
+    with engine.begin() as connection:
+        first = _deliveries.c.event_id == events[0]
+        connection.execute(sa.update(_deliveries).where(first).values(status="dead", completed_at=utcnow()))
+
+    found = samples(client.get("/metrics", headers=ADMIN).text)
+    assert value(found, "usp_subjects_blocked", subscription_id=ordered_id) == 1
+    assert value(found, "usp_subjects_blocked", subscription_id=unordered_id) == 0
+    answer = client.get(f"/admin/subscriptions/{ordered_id}/blocked-subjects", headers=ADMIN)
+    assert answer.status_code == 200, answer.text
+    [blocked] = answer.json()["items"]
+    booking_id = sample("booking.confirmed")["booking_id"]
+    assert (blocked["subject"], blocked["event_id"], blocked["waiting"]) == (booking_id, events[0], 2)
+    assert client.get(f"/admin/subscriptions/{unordered_id}/blocked-subjects", headers=ADMIN).json() == {
+        "items": []
+    }
+    assert_problem(
+        client.get("/admin/subscriptions/sub_nope/blocked-subjects", headers=ADMIN),
+        404,
+        "subscription_not_found",
+    )

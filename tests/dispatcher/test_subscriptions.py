@@ -41,6 +41,17 @@ def test_defaults(client: TestClient) -> None:
     assert created["transport"] == "rest"
     assert created["event_types"] == ["*"]
     assert created["platform_profile"] is None
+    assert (created["ordering"], created["on_dead"]) == ("none", "block")
+
+
+def test_an_ordered_subscription_and_its_dead_letter_policy(client: TestClient) -> None:
+    created = subscribe(client, HOOK, ordering="subject", on_dead="skip")
+    assert (created["ordering"], created["on_dead"]) == ("subject", "skip")
+    assert client.get(f"{PATH}/{created['id']}", headers=ADMIN).json() == created
+    health = client.get(f"/admin/subscriptions/{created['id']}", headers=ADMIN).json()
+    assert (health["ordering"], health["on_dead"], health["blocked_subjects"]) == ("subject", "skip", 0)
+    for wrong in ({"ordering": "global"}, {"on_dead": "drop"}):
+        assert_problem(client.post(PATH, json={"url": HOOK, **wrong}, headers=ADMIN), 422, "invalid_request")
 
 
 @pytest.mark.parametrize("pattern", ["bookings.*", "booking.exploded", "", "catalog.*.removed"])

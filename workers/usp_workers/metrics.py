@@ -24,7 +24,9 @@ Series (all gauges but the histogram, since retention deletes rows and counts ma
   ``histogram_quantile`` on them), not ``rate()``;
 * ``usp_subscription_breaker_state{subscription_id, state}`` (1 for the current state of
   closed / open / half_open), ``usp_subscription_consecutive_failures{subscription_id}``,
-  ``usp_subscription_active{subscription_id}``. Subscriptions are labelled by id only: a URL
+  ``usp_subscription_active{subscription_id}``, ``usp_subjects_blocked{subscription_id}`` (the
+  subjects of an ordered subscription waiting behind a dead delivery: a poison event made
+  visible; 0 for every other subscription). Subscriptions are labelled by id only: a URL
   may carry a secret in its query. Deleted subscriptions (rows kept for their history) are
   left out, so the series stay bounded by the live and disabled subscriptions.
 """
@@ -44,6 +46,7 @@ from sqlmodel import SQLModel
 
 from .models import Attempt, BreakerState, Delivery, DeliveryStatus, EventRecord, Subscription, utcnow
 from .operations import DELETED
+from .ordering import blocked_counts
 from .settings import Settings
 
 __all__ = ["LATENCY_BUCKETS", "DatabaseCollector", "Snapshot", "render", "snapshot"]
@@ -71,6 +74,7 @@ class SubscriptionHealth:
     active: bool
     breaker_state: str
     consecutive_failures: int
+    blocked_subjects: int = 0
 
 
 @dataclass(slots=True)
@@ -127,9 +131,14 @@ def snapshot(engine: Engine, settings: Settings, *, now: datetime | None = None)
             result.oldest_pending_age = max(0.0, (moment - oldest_pending).total_seconds())
         result.latency = _latency(connection, moment - timedelta(seconds=settings.metrics_window_seconds))
         s = _subscriptions.c
+        blocked = blocked_counts(connection)
         result.subscriptions = [
             SubscriptionHealth(
-                row.id, row.state == "active", row.breaker_state, int(row.consecutive_failures)
+                row.id,
+                row.state == "active",
+                row.breaker_state,
+                int(row.consecutive_failures),
+                blocked.get(row.id, 0),
             )
             for row in connection.execute(
                 sa.select(s.id, s.state, s.breaker_state, s.consecutive_failures)
@@ -215,14 +224,21 @@ def families(snap: Snapshot) -> Iterator[Metric]:
         "1 while the subscription is active, 0 once disabled.",
         labels=["subscription_id"],
     )
+    blocked = GaugeMetricFamily(
+        "usp_subjects_blocked",
+        "Subjects of an ordered subscription waiting behind a dead delivery (on_dead=block).",
+        labels=["subscription_id"],
+    )
     for sub in snap.subscriptions:
         for state in BreakerState:
             breaker.add_metric([sub.id, state.value], 1.0 if sub.breaker_state == state.value else 0.0)
         failures.add_metric([sub.id], sub.consecutive_failures)
         active.add_metric([sub.id], 1.0 if sub.active else 0.0)
+        blocked.add_metric([sub.id], sub.blocked_subjects)
     yield breaker
     yield failures
     yield active
+    yield blocked
 
 
 def _latency(connection: sa.Connection, since: datetime) -> list[LatencyRow]:

@@ -57,7 +57,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 from sqlmodel import Session, SQLModel, col, select
 
-from . import health
+from . import health, ordering
 from .db import session as open_session
 from .models import (
     Attempt,
@@ -69,12 +69,14 @@ from .models import (
     Job,
     JobStatus,
     Notice,
+    OnDead,
+    Ordering,
     Subscription,
     SubscriptionState,
     new_id,
     utcnow,
 )
-from .ordering import subject_of
+from .ordering import BlockedSubject, blocked_counts, subject_of
 from .outbox import Enqueue, _enqueue_after_commit, event_matches, reaches
 
 __all__ = [
@@ -101,6 +103,7 @@ __all__ = [
     "Page",
     "Replayed",
     "SubscriptionHealth",
+    "blocked_subjects",
     "dead_letter",
     "decode_cursor",
     "encode_cursor",
@@ -296,6 +299,11 @@ class SubscriptionHealth:
     success_rate: float | None
     pending: int
     dead: int
+    #: subjects whose later events wait behind a dead delivery (subject ordering, ``on_dead``
+    #: block): :func:`usp_workers.ordering.blocked_subjects` lists them
+    blocked_subjects: int
+    ordering: str
+    on_dead: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -854,6 +862,13 @@ def list_notices(
     return Page(items, encode_cursor(str(items[-1].id)) if more else None)
 
 
+def blocked_subjects(session: Session, subscription_id: str) -> list[BlockedSubject]:
+    """The subscription's subjects waiting behind a dead delivery (:class:`NotFound` when there
+    is no such subscription)."""
+    _subscription(session, subscription_id)
+    return ordering.blocked_subjects(session.connection(), subscription_id)
+
+
 def subscription_health(session: Session, subscription_id: str, *, now: Clock = utcnow) -> SubscriptionHealth:
     """One subscription with its health (:class:`NotFound` when there is none)."""
     return _health(session, [_subscription(session, subscription_id)], now())[0]
@@ -1193,8 +1208,12 @@ def _health(
     ids = [s.id for s in subscriptions]
     recent: dict[str, tuple[int, int]] = {}
     backlog: dict[tuple[str, str], int] = {}
+    blocked: dict[str, int] = {}
     if ids:
         connection = session.connection()
+        ordered = [s.id for s in subscriptions if s.ordering == Ordering.SUBJECT]
+        if ordered:
+            blocked = blocked_counts(connection, ordered)
         succeeded = sa.case((_attempts.c.outcome == AttemptOutcome.SUCCEEDED.value, 1), else_=0)
         for subscription_id, total, ok in connection.execute(
             sa.select(_deliveries.c.subscription_id, sa.func.count(), sa.func.sum(succeeded))
@@ -1234,6 +1253,9 @@ def _health(
                 success_rate=(ok / total) if total else None,
                 pending=backlog.get((s.id, DeliveryStatus.PENDING.value), 0),
                 dead=backlog.get((s.id, DeliveryStatus.DEAD.value), 0),
+                blocked_subjects=blocked.get(s.id, 0),
+                ordering=Ordering(s.ordering).value,
+                on_dead=OnDead(s.on_dead).value,
             )
         )
     return items

@@ -182,9 +182,13 @@ def blocked_subjects(
     return ordered[:limit]
 
 
-def blocked_counts(connection: sa.Connection) -> dict[str, int]:
-    """Blocked subjects per subscription (the ``usp_subjects_blocked`` gauge)."""
-    dead = _dead_holding().subquery("dead")
+def blocked_counts(connection: sa.Connection, subscription_ids: list[str] | None = None) -> dict[str, int]:
+    """Blocked subjects per subscription (of those given, or all): the admin view's count and
+    the ``usp_subjects_blocked`` gauge."""
+    holding = _dead_holding()
+    if subscription_ids is not None:
+        holding = holding.where(_deliveries.c.subscription_id.in_(subscription_ids))
+    dead = holding.subquery("dead")
     rows = connection.execute(
         sa.select(dead.c.subscription_id, sa.func.count(sa.distinct(dead.c.subject_key))).group_by(
             dead.c.subscription_id

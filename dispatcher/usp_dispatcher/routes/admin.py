@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from sqlmodel import Session
 
 from usp_workers import keys, operations, tasks
-from usp_workers.models import DeliveryStatus, SubscriptionState
+from usp_workers.models import DeliveryStatus, OnDead, Ordering, SubscriptionState
 from usp_workers.operations import DeadLetterFilter, EventFilter
 from usp_workers.settings import Settings
 
@@ -201,6 +201,26 @@ class SubscriptionHealthOut(_Out):
     success_rate: float | None = Field(description="share of those that succeeded (null: none)")
     pending: int = Field(description="deliveries waiting to be tried")
     dead: int = Field(description="deliveries in the dead letter")
+    ordering: Ordering = Field(description="none, or subject: each subject's events in emission order")
+    on_dead: OnDead = Field(
+        description="under subject ordering: a dead delivery blocks its subject, or is skipped"
+    )
+    blocked_subjects: int = Field(
+        description="subjects waiting behind a dead delivery (GET …/blocked-subjects lists them)"
+    )
+
+
+class BlockedSubjectOut(_Out):
+    subject: str = Field(description="the booking, waitlist entry, post… whose later events wait")
+    delivery_id: str = Field(description="the dead delivery holding it: redrive or replay it to go on")
+    event_id: str
+    event_type: str
+    dead_since: datetime | None
+    waiting: int = Field(description="later deliveries of the subject held back")
+
+
+class BlockedSubjectList(BaseModel):
+    items: list[BlockedSubjectOut]
 
 
 class RateLimitIn(BaseModel):
@@ -377,6 +397,18 @@ async def get_subscription(subscription_id: str, session: SessionDep) -> Subscri
     return SubscriptionHealthOut.model_validate(
         await _run(operations.subscription_health, session, subscription_id)
     )
+
+
+@router.get(
+    "/subscriptions/{subscription_id}/blocked-subjects",
+    response_model=BlockedSubjectList,
+    responses=_problems(404),
+)
+async def list_blocked_subjects(subscription_id: str, session: SessionDep) -> BlockedSubjectList:
+    """The subjects of an ordered subscription that wait behind a dead delivery (``on_dead``
+    block), longest blocked first; every other subject keeps flowing."""
+    items = await _run(operations.blocked_subjects, session, subscription_id)
+    return BlockedSubjectList(items=[BlockedSubjectOut.model_validate(item) for item in items])
 
 
 @router.post(

@@ -14,7 +14,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 from sqlmodel import Session
 
-from usp_workers.models import Subscription, SubscriptionState, Transport
+from usp_workers.models import OnDead, Ordering, Subscription, SubscriptionState, Transport
 
 from .. import feed
 from ..auth import AdminDep
@@ -39,6 +39,16 @@ class SubscriptionIn(BaseModel):
         default_factory=lambda: ["*"], min_length=1, description="'*', exact types, or globs like booking.*"
     )
     platform_profile: str | None = Field(default=None, max_length=2048)
+    ordering: Ordering = Field(
+        default=Ordering.NONE,
+        description="subject: each subject's events (a booking's, a waitlist entry's, a post's) arrive in"
+        " the order they were emitted, one at a time per subject; none: in parallel, fastest",
+    )
+    on_dead: OnDead = Field(
+        default=OnDead.BLOCK,
+        description="under subject ordering, what a dead delivery does to its subject's later events:"
+        " block (they wait until it is redriven) or skip (they go on)",
+    )
 
 
 class ProfileIn(BaseModel):
@@ -54,7 +64,9 @@ async def create_subscription(
     body: SubscriptionIn, session: SessionDep, settings: SettingsDep, resolver: ResolverDep
 ) -> JSONResponse:
     """Subscribe a URL to event types (422 when the URL or a pattern is refused)."""
-    spec = feed.SubscriptionSpec(body.url, body.transport, body.event_types, body.platform_profile)
+    spec = feed.SubscriptionSpec(
+        body.url, body.transport, body.event_types, body.platform_profile, body.ordering, body.on_dead
+    )
     checked = await feed.check_subscription(spec, settings, resolver=resolver)
     subscription = await run_in_threadpool(_add_and_commit, session, checked)
     return JSONResponse(feed.subscription_view(subscription), status_code=201)
