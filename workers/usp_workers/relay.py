@@ -213,14 +213,18 @@ def mark_due(
         .limit(limit)
         .with_for_update(skip_locked=True)  # PostgreSQL; SQLite renders nothing (it locks the file)
     )
-    statement = (
-        sa.update(_deliveries)
-        .where(_deliveries.c.id.in_(candidates.scalar_subquery()), due)
-        .values(enqueued_at=now)
-        .returning(_deliveries.c.id, _deliveries.c.subscription_id, _deliveries.c.next_attempt_at)
-    )
+    statement = sa.update(_deliveries).values(enqueued_at=now)
     with engine.begin() as connection:
-        rows = connection.execute(statement).all()
+        if connection.dialect.name == "postgresql":
+            # A CTE that locks rows is computed once; as an IN subquery PostgreSQL may run it
+            # again for every due row (a nested loop it picks on stale statistics: a fresh or
+            # fast-growing table): measured at 17 s a pass with 2,000 ordered deliveries due.
+            locked = candidates.cte("candidates")
+            statement = statement.where(_deliveries.c.id == locked.c.id, due)
+        else:
+            statement = statement.where(_deliveries.c.id.in_(candidates.scalar_subquery()), due)
+        returning = (_deliveries.c.id, _deliveries.c.subscription_id, _deliveries.c.next_attempt_at)
+        rows = connection.execute(statement.returning(*returning)).all()
     return [(row.id, row.subscription_id) for row in sorted(rows, key=lambda r: (r.next_attempt_at, r.id))]
 
 
