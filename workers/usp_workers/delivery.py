@@ -26,9 +26,9 @@ a relay loop, a test or a benchmark calls it the same way. One call:
 Endpoint health gates step 5: a subscription whose circuit breaker is open (or that asked for
 back-pressure with a 429) has its deliveries *paused*: back to ``pending``, due when the pause
 ends, no attempt spent; when the pause ends one worker wins the half-open probe. A subscription
-with a ``rate_limit`` takes a fleet-wide start slot (:mod:`usp_workers.ratelimit`) right before
-each request; a delivery over the limit is deferred the same way. Neither costs a query for a
-healthy, unlimited subscription.
+with a ``rate_limit`` reserves each start in its fleet-wide bucket (:mod:`usp_workers.ratelimit`)
+right before the request, and waits for it when it is near; one further away is deferred the
+same way. Neither costs a query for a healthy, unlimited subscription.
 
 Database calls never run on the event loop: it is shared by every batch in flight, and a
 blocking query would stall all of their requests. :func:`deliver_batch` runs them in worker
@@ -86,6 +86,7 @@ from .transport import TryResult, endpoint_slot, refused_result, send_once
 from .verdict import Verdict, judge
 
 __all__ = [
+    "RATE_WAIT",
     "RECORD_DELAY",
     "RECORD_MARGIN",
     "SLOT_WAIT",
@@ -103,6 +104,10 @@ Clock = Callable[[], datetime]
 HOLD_OUTCOMES_SECONDS = 600.0
 #: Seconds kept in reserve at the end of a lease for recording the batch's results.
 RECORD_MARGIN = 2.0
+#: Seconds a delivery to a rate-limited subscription waits in the worker for its reserved start
+#: (longer, it goes back to the schedule): two scheduler passes, so the next batch arrives while
+#: this one still sends, and the subscription's rate never gaps at a pass.
+RATE_WAIT = 2.0
 #: Seconds an ended try's outcome may wait to share its record with others that end soon after.
 RECORD_DELAY = 0.2
 #: Seconds a batch waits for an endpoint slot another batch holds before deferring its
@@ -533,27 +538,27 @@ class _Batch:
         return won
 
     async def _rate_limited(self, delivery: Claimed, subscription: LoadedSubscription) -> bool:
-        """Take a fleet-wide start slot for a rate-limited subscription right before its request;
-        False when there is none (no limit, or a slot was taken). A delivery over the limit is
-        deferred to when a slot frees, later ones of the batch a window further each (so a
-        backlog does not come back all at once, only to be deferred again)."""
+        """Reserve a start in a rate-limited subscription's bucket right before its request and
+        wait for it when it is at most :data:`RATE_WAIT` away (and the try still fits the
+        lease); False when the delivery may go now (no limit, or its start came). Further away,
+        the delivery is deferred to the bucket's next start, and later ones of the batch an
+        interval further each, so a backlog comes back spread at the rate, not all at once."""
         limit = subscription.rate_limit
         if not limit:
             return False
-        window = ratelimit.window_of(self.settings.rate_limit_margin_seconds)
         blocked = self.rate_blocked.get(subscription.id)
         if blocked is None:
-            frees_at = await anyio.to_thread.run_sync(
-                partial(
-                    ratelimit.take_slot, self.engine, subscription.id, limit, now=self.now(), window=window
-                )
+            wait = max(0.0, min(RATE_WAIT, self._lease_budget()))
+            reservation = await anyio.to_thread.run_sync(
+                partial(ratelimit.reserve, self.engine, subscription.id, limit, now=self.now(), max_wait=wait)
             )
-            if frees_at is None:
+            if reservation.granted:
+                await anyio.sleep(max(0.0, (reservation.at - self.now()).total_seconds()))
                 return False
-            blocked = (frees_at, 0)
-        frees_at, waiting = blocked
-        self.rate_blocked[subscription.id] = (frees_at, waiting + 1)
-        self._defer(delivery, until=frees_at + window * (waiting // limit), reason="rate_limited")
+            blocked = (reservation.at, 0)
+        next_start, waiting = blocked
+        self.rate_blocked[subscription.id] = (next_start, waiting + 1)
+        self._defer(delivery, until=next_start + timedelta(seconds=waiting / limit), reason="rate_limited")
         return True
 
     def _tally(self, subscription_id: str) -> Tally:

@@ -31,7 +31,7 @@ __all__ = [
     "Notice",
     "OnDead",
     "Ordering",
-    "RateSlot",
+    "RateBucket",
     "SigningKeyRecord",
     "Subscription",
     "SubscriptionState",
@@ -225,15 +225,14 @@ class SubscriptionView(Protocol):
     def breaker_until(self) -> datetime | None: ...
 
 
-class RateSlot(SQLModel, table=True):
-    """One of a rate-limited subscription's ``rate_limit`` start slots (see
-    :mod:`usp_workers.ratelimit`): a delivery may start only on a slot last used a second ago."""
+class RateBucket(SQLModel, table=True):
+    """A rate-limited subscription's token bucket (see :mod:`usp_workers.ratelimit`): its
+    theoretical arrival time, the moment from which the bucket is empty again."""
 
-    __tablename__ = "usp_rate_slots"
+    __tablename__ = "usp_rate_buckets"
 
     subscription_id: str = Field(primary_key=True, max_length=40)
-    slot: int = Field(primary_key=True)
-    last_start_at: datetime | None = Field(default=None, sa_type=UtcDateTime)
+    tat: datetime = Field(sa_type=UtcDateTime)
 
 
 class Delivery(SQLModel, table=True):

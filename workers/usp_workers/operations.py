@@ -137,8 +137,8 @@ DISABLED_BY_OPERATOR = "disabled by an operator"
 #: ``disabled_reason`` of a subscription deleted through the feed API: never enabled again
 #: (the one definition: ``usp_dispatcher.feed`` writes it, :func:`set_subscription_state` reads it).
 DELETED = "deleted"
-#: The highest per-subscription rate limit accepted. Each unit is a start slot row
-#: (:mod:`usp_workers.ratelimit`); an endpoint that takes more than this needs no limit.
+#: The highest per-subscription rate limit accepted: an endpoint that takes more needs no limit
+#: (each start is a transaction on the subscription's bucket, :mod:`usp_workers.ratelimit`).
 MAX_RATE_LIMIT = 10_000
 
 _CURSOR_PREFIX = "v1:"

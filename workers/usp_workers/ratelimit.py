@@ -1,33 +1,32 @@
-"""A per-subscription rate limit enforced across the whole fleet: at most ``rate_limit``
-deliveries *start* in any one-second window, however many workers run.
+"""A per-subscription rate limit enforced across the whole fleet: deliveries *start* at the
+configured rate, evenly spaced, however many workers run.
 
-**The mechanism: N start slots per subscription, in the database** (``usp_rate_slots``). A
-subscription limited to N/s owns N rows, each stamped with the moment a delivery last started
-on it. A delivery may start only on a slot whose stamp is at least ``window`` old (1 s plus
-``rate_limit_margin_seconds``), and taking it re-stamps it, in one conditional ``UPDATE``
-(``FOR UPDATE SKIP LOCKED`` on PostgreSQL, so concurrent takers never wait on each other, and two
-can never take one slot). Each slot starts at most one delivery per window, so any window holds
-at most N starts: a *sliding* window, exact, not the fixed-window counter that lets 2N through
-across a second boundary.
+The limit is a token bucket kept in the database as one row per subscription
+(``usp_rate_buckets``), in its GCRA form: the row holds the bucket's *theoretical arrival time*
+(``tat``), and a start at ``now`` is allowed from ``tat - (burst - 1) / rate`` on, moving ``tat``
+on by ``1 / rate``. A delivery *reserves* its start (:func:`reserve`) right before its request
+and, when the start is at most ``max_wait`` away, waits for it in the worker instead of going
+back to the database's schedule: a backlog then flows at the rate, one start every ``1 / rate``
+seconds, rather than in bursts at each scheduler pass (the one-second start slots this replaced
+delivered 5/s as bursts of 5 every ~2 s, ~2.5/s). A start further away is refused with its
+moment, and the delivery is deferred until then, no attempt spent.
+
+The burst (:func:`burst_of`) is small: a tenth of a second's worth, at least one. So a receiver
+sees at most ``rate + burst - 1`` starts in any second (plus network jitter), and the rate
+itself whenever a backlog waits.
 
 Why the database rather than a Redis script: it is the one store every deployment has (the
 embedded default has no Redis, and a RabbitMQ broker is not a store), so one code path is
-enforced, and tested, everywhere; and its cost is paid only by rate-limited subscriptions,
-which by definition send few deliveries (one short transaction per start). Unlimited
-subscriptions, the hot path, never touch it.
-
-The slot is taken right before the request is sent (not when the batch is claimed): a batch
-may wait for an endpoint slot, and a stamp taken early would let two starts reach the receiver
-closer together than the window. The margin covers what remains: the jitter between the stamp
-and the request's arrival (signing, connecting). Stamps use the workers' clocks: keep them in
-NTP sync (skew between machines adds to the jitter).
-
-A delivery over the limit is *deferred*, not failed: back to ``pending``, due when a slot frees,
-no attempt spent (:mod:`usp_workers.delivery`).
+enforced, and tested, everywhere; and its cost (one short transaction per start, the row locked
+``FOR UPDATE`` on PostgreSQL, the write lock on SQLite) is paid only by rate-limited
+subscriptions, which by definition send few deliveries. Unlimited subscriptions never touch it.
+Reservations use the workers' clocks: keep them in NTP sync.
 """
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 import sqlalchemy as sa
@@ -35,82 +34,66 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Engine
 from sqlmodel import SQLModel
 
-from .models import RateSlot
+from .models import RateBucket
 
-__all__ = ["take_slot", "window_of"]
+__all__ = ["Reservation", "burst_of", "reserve"]
 
-_slots: sa.Table = SQLModel.metadata.tables[RateSlot.__tablename__]
-
-
-def window_of(margin: float) -> timedelta:
-    """The window one slot is held for: a second plus ``margin``."""
-    return timedelta(seconds=1.0 + margin)
+_buckets: sa.Table = SQLModel.metadata.tables[RateBucket.__tablename__]
 
 
-def take_slot(
-    engine: Engine, subscription_id: str, limit: int, *, now: datetime, window: timedelta
-) -> datetime | None:
-    """Start a delivery to ``subscription_id`` at ``now`` if its limit allows: ``None`` when it
-    may start (a slot was taken), else the moment the next slot frees."""
+@dataclass(frozen=True, slots=True)
+class Reservation:
+    """``granted``: the delivery may start at ``at`` (now or within the wait asked for); else
+    the bucket's next start is ``at``, and nothing was taken."""
+
+    granted: bool
+    at: datetime
+
+
+def burst_of(rate: int) -> int:
+    """The starts a bucket allows back to back: a tenth of a second's worth, at least one.
+
+    >>> burst_of(5), burst_of(50), burst_of(1000)
+    (1, 5, 100)
+    """
+    return max(1, math.ceil(rate / 10))
+
+
+def reserve(
+    engine: Engine, subscription_id: str, rate: int, *, now: datetime, max_wait: float
+) -> Reservation:
+    """Reserve a start for a delivery to ``subscription_id`` (limited to ``rate`` per second) at
+    ``now`` or at most ``max_wait`` seconds later."""
+    interval = timedelta(seconds=1.0 / rate)
+    tolerance = interval * (burst_of(rate) - 1)
     with engine.begin() as connection:
-        if _take(connection, subscription_id, limit, now=now, window=window):
-            return None
-        count, oldest = connection.execute(
-            sa.select(sa.func.count(), sa.func.min(_slots.c.last_start_at)).where(
-                _slots.c.subscription_id == subscription_id, _slots.c.slot < limit
-            )
-        ).one()
-        if count < limit:
-            _ensure_slots(connection, subscription_id, limit)
-            if _take(connection, subscription_id, limit, now=now, window=window):
-                return None
-        if oldest is None:
-            return now + window
-        return max(_slot_time(oldest, now) + window, now)
+        tat = _aware(_locked_tat(connection, subscription_id, now), now)
+        tat = max(tat, now)
+        start = max(now, tat - tolerance)
+        if (start - now).total_seconds() > max_wait:
+            return Reservation(False, start)
+        bucket = _buckets.c.subscription_id == subscription_id
+        connection.execute(sa.update(_buckets).where(bucket).values(tat=tat + interval))
+    return Reservation(True, start)
 
 
-def _take(
-    connection: sa.Connection, subscription_id: str, limit: int, *, now: datetime, window: timedelta
-) -> bool:
-    c = _slots.c
-    free = sa.or_(c.last_start_at.is_(None), c.last_start_at <= now - window)
-    pick = (
-        sa.select(c.slot)
-        .where(c.subscription_id == subscription_id, c.slot < limit, free)
-        .order_by(c.slot)
-        .limit(1)
-        .with_for_update(skip_locked=True)  # PostgreSQL; SQLite renders nothing (it locks the file)
-    )
-    statement = (
-        sa.update(_slots)
-        .where(c.subscription_id == subscription_id, c.slot.in_(pick.scalar_subquery()), free)
-        .values(last_start_at=now)
-        .returning(c.slot)
-    )
-    return connection.execute(statement).first() is not None
+def _locked_tat(connection: sa.Connection, subscription_id: str, now: datetime) -> datetime:
+    """The bucket's ``tat``, locked until the transaction ends; a new bucket starts full.
+
+    The insert comes first, whether or not the row exists: on SQLite it is what takes the write
+    lock, so a second reservation reads only after the first committed (a ``SELECT`` would let
+    both read the same ``tat``); on PostgreSQL the row is then locked ``FOR UPDATE``.
+    """
+    values = {"subscription_id": subscription_id, "tat": now}
+    insert = postgresql.insert if connection.dialect.name == "postgresql" else sqlite.insert
+    connection.execute(insert(_buckets).values(values).on_conflict_do_nothing())
+    row = connection.execute(
+        sa.select(_buckets.c.tat).where(_buckets.c.subscription_id == subscription_id).with_for_update()
+    ).one()
+    tat: datetime = row.tat
+    return tat
 
 
-def _ensure_slots(connection: sa.Connection, subscription_id: str, limit: int) -> None:
-    """Create the subscription's missing slots 0..limit-1 (a limit just set, or raised)."""
-    rows = [
-        {"subscription_id": subscription_id, "slot": slot, "last_start_at": None} for slot in range(limit)
-    ]
-    dialect = connection.dialect.name
-    if dialect == "postgresql":
-        connection.execute(postgresql.insert(_slots).on_conflict_do_nothing(), rows)
-    elif dialect == "sqlite":
-        connection.execute(sqlite.insert(_slots).on_conflict_do_nothing(), rows)
-    else:  # pragma: no cover - the engine supports SQLite and PostgreSQL
-        existing = set(
-            connection.execute(
-                sa.select(_slots.c.slot).where(_slots.c.subscription_id == subscription_id)
-            ).scalars()
-        )
-        missing = [row for row in rows if row["slot"] not in existing]
-        if missing:
-            connection.execute(sa.insert(_slots), missing)
-
-
-def _slot_time(value: datetime, now: datetime) -> datetime:
-    """Aggregates (``min``) come back without the column's type on SQLite: naive UTC."""
+def _aware(value: datetime, now: datetime) -> datetime:
+    """A locked row read back without the column's type on some paths: naive UTC."""
     return value if value.tzinfo is not None else value.replace(tzinfo=now.tzinfo)

@@ -134,12 +134,6 @@ class Settings(BaseSettings):
     breaker_max_cooldown_seconds: float = Field(
         default=3600.0, gt=0, description="the longest pause an open breaker grows to"
     )
-    rate_limit_margin_seconds: float = Field(
-        default=0.1,
-        ge=0,
-        description="a rate-limited subscription's N deliveries/s are counted over 1 s plus this margin "
-        "(network jitter between workers and the receiver)",
-    )
     retention_days: float = Field(
         default=30.0,
         ge=0,
