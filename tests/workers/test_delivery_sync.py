@@ -6,19 +6,22 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
+import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
+import anyio
 import pytest
 from sqlalchemy.engine import Engine
 
 from usp_receiver import JWKS
-from usp_workers.delivery import BatchReport, deliver_batch_sync
+from usp_workers.delivery import BatchReport, deliver_batch, deliver_batch_sync
 from usp_workers.models import DeliveryStatus
 from usp_workers.runtime import background_runtime, close_background_runtime
 from usp_workers.settings import Settings
+from usp_workers.transport import make_client
 
-from .endpoints import Hub, UspReceiver
+from .endpoints import Blocking, Hub, UspReceiver
 from .support import Endpoints, add_subscription, attempts, delivery, emit_event
 
 
@@ -107,3 +110,44 @@ def test_calling_from_the_loop_itself_is_refused(settings: Settings) -> None:
 
     with pytest.raises(RuntimeError, match="own loop"):
         runtime.run(nested())
+
+
+@pytest.mark.parametrize("variant", ["sync", "async"])
+def test_an_outcome_is_recorded_when_its_try_ends_not_when_the_batch_does(
+    database: Engine, settings: Settings, jwks: JWKS, endpoints: Endpoints, variant: str
+) -> None:
+    """A fast success that shares a batch with a hung try is committed within RECORD_DELAY of
+    its end, while the hung one is still out: a worker dying then would not send it again."""
+    slow = Blocking(status=204)
+    fast_subscription = add_subscription(database, endpoints.add("fast", UspReceiver(jwks)))
+    add_subscription(database, endpoints.add("slow", slow))
+    _, ids = emit_event(database)
+    [fast] = [i for i in ids if delivery(database, i).subscription_id == fast_subscription.id]
+
+    def run() -> BatchReport:
+        if variant == "sync":
+            return deliver_batch_sync(database, settings, ids)
+        return anyio.run(_deliver_async, database, settings, ids)
+
+    with ThreadPoolExecutor(1) as pool:
+        batch = pool.submit(run)
+        assert slow.entered.wait(10)
+        deadline = time.monotonic() + 5
+        while delivery(database, fast).status != DeliveryStatus.SUCCEEDED:
+            assert time.monotonic() < deadline, "the fast success waited for the slow try"
+            time.sleep(0.02)
+        assert not batch.done()
+        [slow_id] = [i for i in ids if i != fast]
+        assert delivery(database, slow_id).status == DeliveryStatus.IN_FLIGHT
+        slow.release.set()
+        report = batch.result(15)
+    assert report.succeeded == 2
+    assert {r.delivery_id for r in report.results} == set(ids)
+    for delivery_id in ids:
+        assert delivery(database, delivery_id).status == DeliveryStatus.SUCCEEDED
+        assert len(attempts(database, delivery_id)) == 1
+
+
+async def _deliver_async(database: Engine, settings: Settings, ids: list[str]) -> BatchReport:
+    async with make_client(settings) as client:
+        return await deliver_batch(database, settings, ids, client=client)
