@@ -265,12 +265,14 @@ def recover(
     subscription: Annotated[str, typer.Option(help="The subscription whose endpoint missed events.")],
     since: Annotated[str, typer.Option(help="Events accepted from: RFC 3339 or an age (2h, 7d).")],
     until: Until = None,
+    enable: Annotated[bool, typer.Option("--enable", help="Enable the subscription first.")] = False,
     wait: Wait = True,
     url: Url = DEFAULT_URL,
     token: Token = None,
 ) -> None:
-    """Re-deliver every failed or dead delivery of a subscription in a time range (a job, no cap)."""
-    body = _params(since=_when(since), until=_when(until))
+    """Re-deliver every failed or dead delivery of a subscription in a time range, and back-fill
+    the events it missed while disabled (a job, no cap)."""
+    body = _params(since=_when(since), until=_when(until)) | ({"enable": True} if enable else {})
     with AdminClient(url, token) as api:
         job = api.call("POST", f"/admin/subscriptions/{subscription}/recover", json=body)
         _follow(api, job, wait=wait)
@@ -374,7 +376,8 @@ def _follow(api: AdminClient, job: dict[str, Any], *, wait: bool) -> None:
     if job["status"] == "failed":
         _fail(f"job {job['id']} failed ({job['error']}); resume it: usp-webhooks jobs resume {job['id']}")
     if job["status"] == "succeeded":
-        console.print(f"job {job['id']} done: {job['processed']} deliveries re-sent", markup=False)
+        missed = f" ({job['backfilled']} of them missed while disabled)" if job["backfilled"] else ""
+        console.print(f"job {job['id']} done: {job['processed']} deliveries re-sent{missed}", markup=False)
     else:
         console.print(
             f"job {job['id']} running: {job['processed']} of {job['total']} handled; "

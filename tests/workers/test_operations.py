@@ -545,6 +545,48 @@ async def test_recover_takes_only_its_time_range_and_refuses_a_disabled_subscrip
     assert refused.value.reason == "subscription_disabled"
 
 
+async def test_recover_back_fills_what_a_disabled_subscription_missed(
+    database: Engine,
+    settings: Settings,
+    jwks: JWKS,
+    endpoints: Endpoints,
+    client: httpx.AsyncClient,
+    clock: Clock,
+) -> None:
+    """Events emitted while a subscription was disabled have no delivery to it at all. Recover
+    with ``enable`` turns it back on and delivers each of them once (counted as back-filled),
+    together with what failed before; events it does not match, or before the range, are left."""
+    receiver = ClockedReceiver(jwks, clock)
+    target = subscribe(database, endpoints.add("was-off", receiver))
+    other = subscribe(database, endpoints.add("other", ClockedReceiver(jwks, clock)))
+    start = utcnow()
+    delivered = emit_one(database)
+    await deliver_due(database, settings, client, clock)
+    with session(database) as s:
+        operations.set_subscription_state(s, target, enabled=False)
+    missed = [emit_one(database) for _ in range(5)]
+    await deliver_due(database, settings, client, clock)
+    assert [d.event_id for d in deliveries_of(database, subscription_id=target)] == [delivered]
+    too_old = missed.pop(0)
+    set_created_at(database, too_old, start - timedelta(hours=2))
+
+    with session(database) as s:
+        with pytest.raises(operations.Conflict):
+            operations.start_recover(s, target, since=start - timedelta(minutes=1))
+        job = operations.start_recover(s, target, since=start - timedelta(minutes=1), enable=True, now=clock)
+    assert (job.status, job.total, job.backfilled) == ("running", len(missed), 0)
+    finished = operations.run_job(database, job.id, batch_size=2, now=clock)
+    assert (finished.status, finished.processed, finished.backfilled) == ("succeeded", 4, 4)
+    await settle(database, settings, client, clock)
+
+    assert sorted(receiver.arrivals) == sorted([delivered, *missed]), "each missed event once"
+    assert too_old not in receiver.arrivals
+    assert len(deliveries_of(database, subscription_id=other)) == 6, "the other subscription: nothing new"
+    with session(database) as s:
+        again = operations.start_recover(s, target, since=start - timedelta(minutes=1), now=clock)
+    assert (again.total, operations.run_job(database, again.id, now=clock).backfilled) == (0, 0)
+
+
 def test_a_job_resumes_from_its_cursor_and_never_sends_a_row_twice(
     database: Engine, endpoints: Endpoints
 ) -> None:

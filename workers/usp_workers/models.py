@@ -320,6 +320,11 @@ class Job(SQLModel, table=True):
         sa_column_kwargs={"server_default": "0"},
         description="times the scheduler re-sent the job since its last progress (its runner died)",
     )
+    backfilled: int = Field(
+        default=0,
+        sa_column_kwargs={"server_default": "0"},
+        description="deliveries a recover created for events its subscription missed while disabled",
+    )
     error: str | None = Field(default=None, max_length=512)
     created_at: datetime = Field(default_factory=utcnow, sa_type=UtcDateTime)
     updated_at: datetime = Field(default_factory=utcnow, sa_type=UtcDateTime)

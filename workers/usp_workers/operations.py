@@ -333,6 +333,8 @@ class JobView:
     #: rows to handle, counted when the job started (exact once it finished)
     total: int
     processed: int
+    #: of those, new deliveries of events a recovered subscription missed while disabled
+    backfilled: int
     error: str | None
     created_at: datetime
     updated_at: datetime
@@ -587,23 +589,37 @@ def start_recover(
     *,
     since: datetime,
     until: datetime | None = None,
+    enable: bool = False,
     now: Clock = utcnow,
 ) -> JobView:
-    """Record (and commit) a recover job for ``subscription_id``'s failed and dead deliveries of
-    events accepted in ``[since, until)``; run it with :func:`run_job` (the ``usp.run_job`` task).
+    """Record (and commit) a recover job for ``subscription_id``, for events accepted in
+    ``[since, until)``: its failed and dead deliveries are delivered again, and the events that
+    matched it while it was disabled (which have no delivery at all) are back-filled; run it
+    with :func:`run_job` (the ``usp.run_job`` task). ``total`` counts both; ``backfilled``, as the
+    job runs, the second.
 
-    The subscription must be active: its new deliveries would otherwise go dead unsent (enable it
-    first).
+    The subscription must be active (its new deliveries would otherwise go dead unsent):
+    ``enable`` enables it first (:func:`set_subscription_state`), else a disabled one is a
+    :class:`Conflict`.
     """
     _check_range(since, until)
     subscription = _subscription(session, subscription_id)
+    if enable:
+        set_subscription_state(session, subscription_id, enabled=True, now=now)
+        session.refresh(subscription)
     if subscription.state != SubscriptionState.ACTIVE:
         raise Conflict(
             "subscription_disabled",
             f"subscription {subscription_id!r} is disabled: enable it before recovering its deliveries",
         )
-    params = {"subscription_id": subscription_id, "since": _iso(since), "until": _iso(until)}
-    return _start(session, JobKind.RECOVER, params, now())
+    moment = now()
+    params = {
+        "subscription_id": subscription_id,
+        "since": _iso(since),
+        "until": _iso(until),
+        "backfill_before": _iso(moment),
+    }
+    return _start(session, JobKind.RECOVER, params, moment)
 
 
 def start_redrive(session: Session, filters: DeadLetterFilter, *, now: Clock = utcnow) -> JobView:
@@ -723,10 +739,11 @@ def step_job(
 
     The batch and the job's new cursor commit together, and the cursor update is conditional on
     the cursor this batch started from: if two runners race on one job (a redelivered task), the
-    second one's batch rolls back instead of sending the same deliveries twice.
+    second one's batch rolls back instead of sending the same deliveries twice. A recover job
+    goes through the subscription's deliveries first, then back-fills the events it has none
+    of (:func:`_backfill_batch`), its cursor then prefixed ``events:``.
     """
     moment = now()
-    handed: list[str] = []
     with open_session(engine) as s:
         job = s.get(Job, job_id)
         if job is None:
@@ -734,8 +751,15 @@ def step_job(
         if job.status != JobStatus.RUNNING:
             return False
         params = json.loads(job.params)
-        rows = _job_candidates(s, job.kind, params, after=job.cursor, limit=max(1, batch_size))
-        if not rows:
+        enqueued_at = moment if enqueue is not None else None
+        limit = max(1, batch_size)
+        if job.cursor is not None and job.cursor.startswith(_BACKFILL_CURSOR):
+            step = _backfill_batch(s, job.cursor, params, limit=limit, moment=moment, enqueued_at=enqueued_at)
+        else:
+            step = _delivery_batch(s, job, params, limit=limit, moment=moment, enqueued_at=enqueued_at)
+            if step is None and job.kind == JobKind.RECOVER and params.get("backfill_before"):
+                step = _Step(handed=[], cursor=_BACKFILL_CURSOR, processed=0)
+        if step is None:
             s.connection().execute(
                 sa.update(_jobs)
                 .where(_jobs.c.id == job_id, _jobs.c.status == JobStatus.RUNNING.value)
@@ -748,56 +772,162 @@ def step_job(
             )
             s.commit()
             return False
-        connection = s.connection()
-        enqueued_at = moment if enqueue is not None else None
-        fresh = [
-            _new_delivery(
-                new_id("dlv"),
-                row.event_id,
-                row.subscription_id,
-                moment,
-                enqueued_at=enqueued_at,
-                subject=(row.subject_key, row.subject_order),  # the dead one's place
+        advanced = (
+            s.connection()
+            .execute(
+                sa.update(_jobs)
+                .where(
+                    _jobs.c.id == job_id,
+                    _jobs.c.status == JobStatus.RUNNING.value,
+                    _jobs.c.cursor.is_(None) if job.cursor is None else _jobs.c.cursor == job.cursor,
+                )
+                .values(
+                    cursor=step.cursor,
+                    processed=_jobs.c.processed + step.processed,
+                    backfilled=_jobs.c.backfilled + step.backfilled,
+                    updated_at=moment,
+                    resends=0,
+                )
             )
-            for row in rows
-            if row.status == DeliveryStatus.DEAD.value
-        ]
-        if fresh:
-            connection.execute(sa.insert(_deliveries), fresh)
-            _supersede(
-                connection, [(row["id"], row["event_id"], row["subscription_id"]) for row in fresh], moment
-            )
-        waiting = [row.id for row in rows if row.status == DeliveryStatus.PENDING.value]
-        if waiting:
-            brought = connection.execute(
-                sa.update(_deliveries)
-                .where(_deliveries.c.id.in_(waiting), _deliveries.c.status == DeliveryStatus.PENDING.value)
-                .values(next_attempt_at=moment, enqueued_at=enqueued_at, updated_at=moment)
-                .returning(_deliveries.c.id)
-            ).scalars()
-            handed.extend(brought)
-        handed.extend(str(row["id"]) for row in fresh)
-        advanced = connection.execute(
-            sa.update(_jobs)
-            .where(
-                _jobs.c.id == job_id,
-                _jobs.c.status == JobStatus.RUNNING.value,
-                _jobs.c.cursor.is_(None) if job.cursor is None else _jobs.c.cursor == job.cursor,
-            )
-            .values(cursor=rows[-1].id, processed=_jobs.c.processed + len(rows), updated_at=moment, resends=0)
-        ).rowcount
+            .rowcount
+        )
         if advanced != 1:
             s.rollback()
             logger.warning("job %s: another runner took this batch; stopping here", job_id)
             return False
         s.commit()
-    if handed and enqueue is not None:
+    if step.handed and enqueue is not None:
         try:
-            enqueue(handed)
+            enqueue(step.handed)
         except Exception:
             # Committed is safe: the relay re-sends them once requeue_after_seconds have passed.
-            logger.exception("job %s: broker hand-off failed for %d deliveries", job_id, len(handed))
+            logger.exception("job %s: broker hand-off failed for %d deliveries", job_id, len(step.handed))
     return True
+
+
+#: A recover job's cursor once it back-fills events (followed by the last event id handled).
+_BACKFILL_CURSOR = "events:"
+
+
+@dataclass(frozen=True, slots=True)
+class _Step:
+    """One job batch: the deliveries to hand to the broker, where the next batch starts, and
+    how many rows it handled (``backfilled`` of them new deliveries for missed events)."""
+
+    handed: list[str]
+    cursor: str
+    processed: int
+    backfilled: int = 0
+
+
+def _delivery_batch(
+    s: Session,
+    job: Job,
+    params: dict[str, Any],
+    *,
+    limit: int,
+    moment: datetime,
+    enqueued_at: datetime | None,
+) -> _Step | None:
+    """Re-deliver the job's next deliveries: a dead one gets a new delivery in its place, a
+    waiting one is brought forward. None when there are no more."""
+    rows = _job_candidates(s, job.kind, params, after=job.cursor, limit=limit)
+    if not rows:
+        return None
+    connection = s.connection()
+    handed: list[str] = []
+    fresh = [
+        _new_delivery(
+            new_id("dlv"),
+            row.event_id,
+            row.subscription_id,
+            moment,
+            enqueued_at=enqueued_at,
+            subject=(row.subject_key, row.subject_order),  # the dead one's place
+        )
+        for row in rows
+        if row.status == DeliveryStatus.DEAD.value
+    ]
+    if fresh:
+        connection.execute(sa.insert(_deliveries), fresh)
+        _supersede(
+            connection, [(row["id"], row["event_id"], row["subscription_id"]) for row in fresh], moment
+        )
+    waiting = [row.id for row in rows if row.status == DeliveryStatus.PENDING.value]
+    if waiting:
+        brought = connection.execute(
+            sa.update(_deliveries)
+            .where(_deliveries.c.id.in_(waiting), _deliveries.c.status == DeliveryStatus.PENDING.value)
+            .values(next_attempt_at=moment, enqueued_at=enqueued_at, updated_at=moment)
+            .returning(_deliveries.c.id)
+        ).scalars()
+        handed.extend(brought)
+    handed.extend(str(row["id"]) for row in fresh)
+    return _Step(handed=handed, cursor=rows[-1].id, processed=len(rows))
+
+
+def _backfill_batch(
+    s: Session,
+    cursor: str,
+    params: dict[str, Any],
+    *,
+    limit: int,
+    moment: datetime,
+    enqueued_at: datetime | None,
+) -> _Step | None:
+    """A delivery for each of the next events that the recovered subscription should have had
+    and has none of: those that matched it while it was disabled (emit skips a disabled
+    subscription). None when there are no more."""
+    subscription = s.get(Subscription, params["subscription_id"])
+    if subscription is None:
+        return None
+    after = cursor.removeprefix(_BACKFILL_CURSOR) or None
+    statement = _missed_events(s, subscription, params).order_by(_events.c.id).limit(limit)
+    if after is not None:
+        statement = statement.where(_events.c.id > after)
+    rows = s.connection().execute(statement).all()
+    if not rows:
+        return None
+    fresh = [
+        _new_delivery(
+            new_id("dlv"),
+            row.id,
+            subscription.id,
+            moment,
+            enqueued_at=enqueued_at,
+            subject=subject_of(subscription.ordering, row.subject_id, row.created_at, row.id),
+        )
+        for row in rows
+    ]
+    s.connection().execute(sa.insert(_deliveries), fresh)
+    return _Step(
+        handed=[str(row["id"]) for row in fresh],
+        cursor=_BACKFILL_CURSOR + rows[-1].id,
+        processed=len(rows),
+        backfilled=len(rows),
+    )
+
+
+def _missed_events(s: Session, subscription: Subscription, params: dict[str, Any]) -> sa.Select[Any]:
+    """The events of the job's range, accepted before it started, that ``subscription`` matches
+    (types, audience) and has no delivery of."""
+    since, until = _moment(params["since"]), _moment(params["until"])
+    before = _moment(params["backfill_before"])
+    assert before is not None
+    ranged = _in_range(sa.select(_events.c.event_type).distinct(), _events.c.created_at, since, until)
+    patterns = json.loads(subscription.event_types)
+    types = [t for t in s.connection().execute(ranged).scalars() if event_matches(t, patterns)]
+    delivered = sa.exists().where(
+        _deliveries.c.event_id == _events.c.id, _deliveries.c.subscription_id == subscription.id
+    )
+    statement = sa.select(_events.c.id, _events.c.subject_id, _events.c.created_at).where(
+        _events.c.event_type.in_(types), _events.c.created_at < before, ~delivered
+    )
+    if subscription.platform_profile is not None:  # :func:`usp_workers.outbox.reaches`, in SQL
+        statement = statement.where(
+            sa.or_(_events.c.audience.is_(None), _events.c.audience == subscription.platform_profile)
+        )
+    return _in_range(statement, _events.c.created_at, since, until)
 
 
 # ------------------------------------------------------------------------------- subscriptions
@@ -1096,8 +1226,12 @@ def _start(session: Session, kind: str, params: dict[str, Any], moment: datetime
     if newest is not None:
         candidates = _candidates_query(kind, params).with_only_columns(sa.func.count()).order_by(None)
         total = int(session.connection().execute(candidates).scalar_one())
+    if params.get("backfill_before"):
+        subscription = _subscription(session, params["subscription_id"])
+        missed = _missed_events(session, subscription, params).with_only_columns(sa.func.count())
+        total += int(session.connection().execute(missed).scalar_one())
     job = Job(kind=kind, params=json.dumps(params), total=total, created_at=moment, updated_at=moment)
-    if newest is None:
+    if newest is None and total == 0:
         job.status = JobStatus.SUCCEEDED
         job.finished_at = moment
     session.add(job)
@@ -1195,6 +1329,7 @@ def _job_view(job: Job) -> JobView:
         params={k: v for k, v in json.loads(job.params).items() if k != "max_delivery_id"},
         total=job.total,
         processed=job.processed,
+        backfilled=job.backfilled,
         error=job.error,
         created_at=job.created_at,
         updated_at=job.updated_at,

@@ -159,6 +159,9 @@ class RecoverIn(BaseModel):
 
     since: datetime = Field(description="events accepted from this moment (inclusive)")
     until: datetime | None = Field(default=None, description="until this moment (exclusive); omitted: now")
+    enable: bool = Field(
+        default=False, description="enable the subscription first (recovering a disabled one is a 409)"
+    )
 
 
 class RedriveIn(BaseModel):
@@ -177,6 +180,9 @@ class JobOut(_Out):
     params: dict[str, Any]
     total: int = Field(description="deliveries to handle, counted at the start (exact once finished)")
     processed: int
+    backfilled: int = Field(
+        description="of those, deliveries created for events the subscription missed while disabled"
+    )
     error: str | None
     created_at: datetime
     updated_at: datetime
@@ -455,8 +461,17 @@ async def set_rate_limit(
 )
 async def recover_subscription(subscription_id: str, body: RecoverIn, session: SessionDep) -> JobOut:
     """Re-deliver every failed or dead delivery of the subscription for events accepted in
-    ``[since, until)``, as a job (no cap: it streams in batches). 409 when it is disabled."""
-    job = await _run(operations.start_recover, session, subscription_id, since=body.since, until=body.until)
+    ``[since, until)``, and back-fill the events it missed while disabled (they have no
+    delivery), as a job (no cap: it streams in batches). 409 when it is disabled, unless
+    ``enable`` asks to enable it first."""
+    job = await _run(
+        operations.start_recover,
+        session,
+        subscription_id,
+        since=body.since,
+        until=body.until,
+        enable=body.enable,
+    )
     return await _started(job)
 
 

@@ -173,6 +173,19 @@ def test_recover_runs_as_a_job_in_the_worker_with_progress(live: Live) -> None:
     assert "superseded" in shown, "the old row stays as history"
 
 
+def test_recover_with_enable_back_fills_what_a_disabled_subscription_missed(live: Live) -> None:
+    receiver = UspReceiver(live.jwks)
+    url, _ = live.endpoint("was-off", receiver)
+    subscription = live.subscribe(url)
+    live.ok("subscriptions", "disable", subscription)
+    missed = [event_id_in(live.ok("trigger", "booking.cancelled")) for _ in range(3)]
+    assert deliveries(live.engine) == [], "emitted while disabled: no delivery at all"
+
+    output = live.ok("recover", "--subscription", subscription, "--since", "1h", "--enable")
+    assert "done: 3 deliveries re-sent (3 of them missed while disabled)" in output
+    wait_until(lambda: sorted(receiver.handled) == sorted(missed), "every missed event", live)
+
+
 def test_subscriptions_list_disable_enable_rate_limit(live: Live) -> None:
     url, _ = live.endpoint("subs", Answer(200))
     subscription = live.subscribe(url)

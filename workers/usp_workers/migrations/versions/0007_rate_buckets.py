@@ -1,4 +1,5 @@
-"""rate limits as token buckets: one row per subscription replaces the one-second start slots
+"""rate limits as token buckets (one row per subscription replaces the one-second start slots);
+a recover job counts the deliveries it back-filled
 
 Revision ID: 0007
 Revises: 0006
@@ -26,9 +27,13 @@ def upgrade() -> None:
         sa.PrimaryKeyConstraint("subscription_id"),
     )
     op.drop_table("usp_rate_slots")  # start stamps only: a bucket starts full
+    with op.batch_alter_table("usp_jobs", schema=None) as batch_op:
+        batch_op.add_column(sa.Column("backfilled", sa.Integer(), server_default="0", nullable=False))
 
 
 def downgrade() -> None:
+    with op.batch_alter_table("usp_jobs", schema=None) as batch_op:
+        batch_op.drop_column("backfilled")
     op.create_table(
         "usp_rate_slots",
         sa.Column("subscription_id", sa.String(length=40), nullable=False),
