@@ -15,6 +15,8 @@ import pytest
 REDIS_URL_ENV = "USP_TEST_REDIS_URL"
 POSTGRES_URL_ENV = "USP_TEST_POSTGRES_URL"
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
+AMQP_URL_ENV = "USP_TEST_AMQP_URL"
+DEFAULT_AMQP_URL = "amqp://guest:guest@127.0.0.1:5672//"
 DEFAULT_POSTGRES_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 
 
@@ -22,6 +24,23 @@ DEFAULT_POSTGRES_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 def anyio_backend() -> str:
     """Async tests run on asyncio only (the library targets asyncio frameworks)."""
     return "asyncio"
+
+
+@pytest.fixture(scope="session")
+def amqp_url() -> str:
+    """URL of a live RabbitMQ (``USP_TEST_AMQP_URL``) for the pipeline tests on that broker."""
+    url = os.environ.get(AMQP_URL_ENV, DEFAULT_AMQP_URL)
+    from kombu import Connection
+
+    try:
+        with Connection(url, connect_timeout=3) as connection:
+            connection.ensure_connection(max_retries=1)
+    except Exception as exc:
+        pytest.fail(
+            f"RabbitMQ at {url} does not answer ({exc}). Start one with `rabbitmq-server -detached`,"
+            f" or point {AMQP_URL_ENV} at a running server."
+        )
+    return url
 
 
 @pytest.fixture(scope="session")

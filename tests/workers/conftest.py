@@ -49,6 +49,7 @@ from .support import (
     StartRelay,
     StartWorker,
     WorkerProcess,
+    emptied_amqp_queue,
     exclusive,
     redis_db_url,
 )
@@ -204,16 +205,22 @@ def endpoints(hub: Hub) -> Iterator[Endpoints]:
 def pipeline(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Pipeline]:
     """A migrated database with a signing key, a broker, and settings fit for tests (loopback
     targets, a short schedule without jitter, a fast relay). Override the parameters with
-    ``@pytest.mark.parametrize("pipeline", [("redis", "postgresql")], indirect=True)``."""
+    ``@pytest.mark.parametrize("pipeline", [("redis", "postgresql")], indirect=True)``; the
+    broker ``"amqp"`` is RabbitMQ (``USP_TEST_AMQP_URL``)."""
     broker_kind, database_kind = request.param
     with ExitStack() as stack:
         client: redis.Redis | None = None
         lock = None
-        if broker_kind == "redis":
-            broker = redis_db_url(request.getfixturevalue("redis_url"))
-            client = stack.enter_context(redis.Redis.from_url(broker))
+        if broker_kind in ("redis", "amqp"):
+            # RabbitMQ runs share its queue across test runs too: the Redis lock serialises them.
+            locked = redis_db_url(request.getfixturevalue("redis_url"))
+            client = stack.enter_context(redis.Redis.from_url(locked))
             lock = stack.enter_context(exclusive(client))
-        else:
+            broker = locked
+        if broker_kind == "amqp":
+            broker = request.getfixturevalue("amqp_url")
+            stack.enter_context(emptied_amqp_queue(broker))
+        elif broker_kind != "redis":
             broker = f"sqla+sqlite:///{tmp_path / 'broker.sqlite3'}"
         url = stack.enter_context(PipelineDatabase(request, database_kind, tmp_path))
         fields: dict[str, Any] = {

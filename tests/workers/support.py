@@ -23,13 +23,14 @@ from urllib.parse import urlsplit, urlunsplit
 import pytest
 import redis
 import sqlalchemy as sa
+from kombu import Connection, Queue
 from redis.lock import Lock
 from sqlalchemy.engine import Engine
 from sqlmodel import Session, col, func, select
 
 from usp_receiver import JWKS
 from usp_schemas import BOOKING_CONFIRMED_EXAMPLE, new_event_id
-from usp_workers.celery_app import QUEUE
+from usp_workers.celery_app import QUEUE, make_celery
 from usp_workers.db import session
 from usp_workers.keys import published_jwks
 from usp_workers.models import Attempt, Delivery, DeliveryStatus, Subscription, Transport, utcnow
@@ -182,7 +183,10 @@ class Pipeline:
         return env
 
     def queued(self) -> int:
-        """Messages waiting in the Redis broker's delivery queue."""
+        """Messages waiting in the broker's delivery queue (Redis or RabbitMQ)."""
+        if self.broker == "amqp":
+            with amqp_queue(self.settings.broker_url_resolved) as queue:
+                return int(queue.queue_declare(passive=True).message_count)
         assert self.redis is not None, "a Redis pipeline"
         return int(self.redis.llen(QUEUE))
 
@@ -197,6 +201,9 @@ class Pipeline:
         sharing the queue mid-test. Hence ``FLUSHDB`` and the lock's token and expiry put back
         inside the same ``MULTI``.
         """
+        if self.broker == "amqp":  # what waits in the queue; the unacknowledged stay with workers
+            with amqp_queue(self.settings.broker_url_resolved) as queue:
+                return int(queue.purge() or 0)
         assert self.redis is not None, "a Redis pipeline"
         assert self.lock is not None
         token = self.lock.local.token
@@ -234,6 +241,30 @@ def exclusive(client: redis.Redis) -> Iterator[Lock]:
     finally:
         empty(client)
         lock.release()
+
+
+@contextmanager
+def amqp_queue(url: str) -> Iterator[Queue]:
+    """The delivery queue on the RabbitMQ at ``url``, as the Celery app declares it, bound to a
+    channel."""
+    declared = make_celery(Settings(_env_file=None, broker_url=url)).amqp.queues[QUEUE]
+    with Connection(url, connect_timeout=5) as connection:
+        queue = declared(connection.default_channel)
+        queue.declare()
+        yield queue
+
+
+@contextmanager
+def emptied_amqp_queue(url: str) -> Iterator[None]:
+    """The delivery queue on RabbitMQ emptied before and after a test (another run's messages,
+    or this one's leftovers, would be consumed by the wrong workers)."""
+    with amqp_queue(url) as queue:
+        queue.purge()
+    try:
+        yield
+    finally:
+        with amqp_queue(url) as queue:
+            queue.purge()
 
 
 def empty(client: redis.Redis) -> None:
@@ -345,7 +376,8 @@ class WorkerProcess(ServiceProcess):
 
     def __init__(self, pipeline: Pipeline, name: str, concurrency: int | None = None) -> None:
         command = [sys.executable, "-m", "celery", "-A", "usp_workers.celery_app"]
-        super().__init__(pipeline, name, command + worker_argv(concurrency=concurrency))
+        node = f"{name}-{uuid.uuid4().hex[:8]}"  # one node name per worker (see worker_argv)
+        super().__init__(pipeline, name, command + worker_argv(concurrency=concurrency, node=node))
 
     def diagnose(self) -> str:
         """The output, after asking a live worker for a traceback of every thread (Celery dumps

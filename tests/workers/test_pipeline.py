@@ -59,6 +59,12 @@ def assert_delivered_once(
 # -- tests ------------------------------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize(
+    "pipeline",
+    [("redis", "sqlite"), ("redis", "postgresql"), ("embedded", "sqlite"), ("amqp", "postgresql")],
+    indirect=True,
+    ids=["redis-sqlite", "redis-postgresql", "embedded-sqlite", "rabbitmq-postgresql"],
+)
 def test_a_real_worker_delivers_emitted_events_once_each(
     pipeline: Pipeline,
     start_worker: StartWorker,
@@ -149,8 +155,13 @@ class Gate:
 
 
 # The crash path runs through the database (leases, the relay): SQLite with each broker suffices.
+# RabbitMQ hands the killed worker's unacknowledged message out again at once (its connection
+# dropped); the claim finds the deliveries still leased and skips them until the lease expires.
 @pytest.mark.parametrize(
-    "pipeline", [("redis", "sqlite"), ("embedded", "sqlite")], indirect=True, ids=["redis", "embedded"]
+    "pipeline",
+    [("redis", "sqlite"), ("embedded", "sqlite"), ("amqp", "sqlite")],
+    indirect=True,
+    ids=["redis", "embedded", "rabbitmq"],
 )
 def test_deliveries_held_by_a_killed_worker_are_delivered_by_the_next(
     pipeline: Pipeline,

@@ -64,6 +64,13 @@ from .support import (
 redis_postgresql = pytest.mark.parametrize(
     "pipeline", [("redis", "postgresql")], indirect=True, ids=["redis-postgresql"]
 )
+#: The production shape on either broker the README names: Redis, RabbitMQ.
+each_broker = pytest.mark.parametrize(
+    "pipeline",
+    [("redis", "postgresql"), ("amqp", "postgresql")],
+    indirect=True,
+    ids=["redis-postgresql", "rabbitmq-postgresql"],
+)
 
 Diagnose = Callable[[], str]
 
@@ -182,7 +189,7 @@ def test_1000_events_to_three_subscriptions_are_each_handled_once(
 # -- 2. a worker killed mid-run --------------------------------------------------------------------------
 
 
-@redis_postgresql
+@each_broker
 def test_a_worker_killed_mid_run_loses_nothing(
     pipeline: Pipeline,
     start_worker: StartWorker,
@@ -272,7 +279,7 @@ def _reclaimed(relay_log: str) -> int:
 # -- 3. the broker's data wiped ---------------------------------------------------------------------------
 
 
-@redis_postgresql
+@each_broker
 def test_a_flushed_broker_loses_nothing(
     pipeline: Pipeline,
     start_worker: StartWorker,

@@ -34,13 +34,16 @@ DEFAULT_CONCURRENCY = 32
 
 
 def worker_argv(
-    *, concurrency: int | None = None, pool: str = "threads", loglevel: str = "INFO"
+    *, concurrency: int | None = None, pool: str = "threads", loglevel: str = "INFO", node: str | None = None
 ) -> list[str]:
     """The ``celery worker`` arguments :func:`run_worker` uses (also handy for subprocesses).
 
     Gossip and mingle are off: they exchange state between workers over broadcast messages this
     service does not use, and the embedded broker has no broadcast (fanout) exchanges. The node
-    name carries the process id so that several workers on one host never clash.
+    name (``usp-NODE@host``) must differ between the workers of one host: on RabbitMQ each
+    node's control queue is exclusive, and a second worker of the same name cannot start. By
+    default it is this process's id, right when the worker runs in this process; a caller that
+    starts workers as subprocesses gives each its own ``node``.
     """
     return [
         "worker",
@@ -50,7 +53,7 @@ def worker_argv(
         f"--loglevel={loglevel}",
         "--without-gossip",
         "--without-mingle",
-        f"--hostname=usp-{os.getpid()}@%h",
+        f"--hostname=usp-{node or os.getpid()}@%h",
     ]
 
 
