@@ -22,13 +22,16 @@ Per configuration it measures:
    every 10 ms (paced), each timed from its commit (which hands it to the broker) to its first
    arrival at the receiver.
 
-Configurations: Redis broker + PostgreSQL (fast receiver; and verifying receiver), the embedded
-broker + SQLite (fast receiver), and the **naive design** (one Celery task per delivery, a sync
+Configurations: Redis broker + PostgreSQL (fast receiver; and verifying receiver), RabbitMQ +
+PostgreSQL (``--amqp-url``), the same with the subscription ordered by subject (events spread
+over ``--subjects`` bookings, each booking's one at a time), the embedded broker + SQLite (fast
+receiver), and the **naive design** (one Celery task per delivery, a sync
 ``httpx.Client`` built once per worker process, prefork pool, Redis + PostgreSQL; implemented
 below, not in the product). Plus raw Ed25519 signs/s (``cryptography``) and our ``sign_request``.
 
-Redis database 12 is used (and only it is flushed); PostgreSQL gets a schema of its own, dropped
-at the end. Every subprocess runs in its own process group and is stopped on exit.
+Redis database 12 is used (and only it is flushed), RabbitMQ's delivery queue is purged;
+PostgreSQL gets a schema of its own, dropped at the end. Every subprocess runs in its own process
+group and is stopped on exit.
 """
 
 from __future__ import annotations
@@ -66,17 +69,19 @@ from sqlmodel import Session, col, func, select
 from usp_receiver import SigningKey, sign_request
 from usp_schemas import BOOKING_CONFIRMED_EXAMPLE, new_event_id
 from usp_workers import outbox, store, tasks
+from usp_workers.celery_app import QUEUE, make_celery
 from usp_workers.db import make_engine, session, upgrade
 from usp_workers.heap import freeze_startup_heap
 from usp_workers.keycache import current_signing_keys
 from usp_workers.keys import ensure_signing_key, published_jwks
-from usp_workers.models import Attempt, Delivery, DeliveryStatus, Subscription, utcnow
+from usp_workers.models import Attempt, Delivery, DeliveryStatus, Ordering, Subscription, utcnow
 from usp_workers.payloads import build_delivery_request
 from usp_workers.settings import Settings
 from usp_workers.worker import worker_argv
 
 BENCH_DIR = Path(__file__).resolve().parent
 DEFAULT_REDIS = "redis://127.0.0.1:6379/12"
+DEFAULT_AMQP = "amqp://guest:guest@127.0.0.1:5672//"
 DEFAULT_POSTGRES = os.environ.get(
     "USP_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 )
@@ -412,14 +417,23 @@ def database(kind: str, folder: Path, postgres_url: str, pg_options: str = "") -
         admin.dispose()
 
 
-def flush_redis(url: str) -> None:
-    import redis
+def empty_broker(kind: str, url: str) -> None:
+    """Redis: flush database 12 (the URL names it: only it is emptied); RabbitMQ: purge the
+    delivery queue."""
+    if kind == "redis":
+        import redis
 
-    client = redis.Redis.from_url(url)
-    try:
-        client.flushdb()  # the URL names database 12: only it is emptied
-    finally:
-        client.close()
+        client = redis.Redis.from_url(url)
+        try:
+            client.flushdb()
+        finally:
+            client.close()
+    elif kind == "amqp":
+        celery = make_celery(Settings(_env_file=None, broker_url=url))
+        with celery.connection_for_write() as connection:
+            queue = celery.amqp.queues[QUEUE](connection.default_channel)
+            queue.declare()
+            queue.purge()
 
 
 # ============================================================================ one configuration
@@ -428,10 +442,11 @@ def flush_redis(url: str) -> None:
 @dataclass(frozen=True)
 class Config:
     name: str
-    broker: str  #: "redis" or "embedded"
+    broker: str  #: "redis", "amqp" (RabbitMQ) or "embedded"
     database: str  #: "postgresql" or "sqlite"
     verify: bool = False
     naive: bool = False
+    ordered: bool = False  #: the subscription orders by subject (events spread over --subjects)
 
 
 @dataclass
@@ -492,17 +507,33 @@ def event_body() -> dict[str, Any]:
     return event
 
 
-def emit_burst(engine: Engine, count: int, per_transaction: int) -> dict[str, float]:
+#: Bookings the emitted events are about, in turn (``--subjects``): under subject ordering each
+#: booking's events go one at a time, so this is the ordered configuration's parallelism.
+SUBJECTS = 1000
+
+
+def about(template: dict[str, Any], event_id: str, stamp: str, number: int, subjects: int) -> dict[str, Any]:
+    """An event of ``template`` about the ``number``-th of ``subjects`` bookings, in turn."""
+    booking = f"bkg_{number % subjects:05d}"
+    return template | {
+        "event_id": event_id,
+        "timestamp": stamp,
+        "booking_id": booking,
+        "data": template["data"] | {"id": booking},
+    }
+
+
+def emit_burst(engine: Engine, count: int, per_transaction: int, subjects: int) -> dict[str, float]:
     """Emit ``count`` events; each event's commit time (its hand-off to the broker)."""
     template = event_body()
     committed: dict[str, float] = {}
     while len(committed) < count:
-        ids = []
+        ids: list[str] = []
         with session(engine) as s:
             stamp = utcnow().strftime("%Y-%m-%dT%H:%M:%SZ")
             for _ in range(min(per_transaction, count - len(committed))):
                 event_id = new_event_id()
-                outbox.emit(s, template | {"event_id": event_id, "timestamp": stamp})
+                outbox.emit(s, about(template, event_id, stamp, len(committed) + len(ids), subjects))
                 ids.append(event_id)
             s.commit()
         moment = time.time()
@@ -510,7 +541,7 @@ def emit_burst(engine: Engine, count: int, per_transaction: int) -> dict[str, fl
     return committed
 
 
-def emit_paced(engine: Engine, rate: float, seconds: float) -> dict[str, float]:
+def emit_paced(engine: Engine, rate: float, seconds: float, subjects: int) -> dict[str, float]:
     """Emit at ``rate`` events/s for ``seconds``: one transaction every :data:`PACE_TICK`."""
     template = event_body()
     committed: dict[str, float] = {}
@@ -519,12 +550,12 @@ def emit_paced(engine: Engine, rate: float, seconds: float) -> dict[str, float]:
     while (elapsed := time.monotonic() - started) < seconds:
         due = int(rate * min(elapsed + PACE_TICK, seconds)) - len(committed)
         if due > 0:
-            ids = []
+            ids: list[str] = []
             with session(engine) as s:
                 stamp = utcnow().strftime("%Y-%m-%dT%H:%M:%SZ")
                 for _ in range(due):
                     event_id = new_event_id()
-                    outbox.emit(s, template | {"event_id": event_id, "timestamp": stamp})
+                    outbox.emit(s, about(template, event_id, stamp, len(committed) + len(ids), subjects))
                     ids.append(event_id)
                 s.commit()
             moment = time.time()
@@ -545,9 +576,10 @@ def succeeded(engine: Engine) -> int:
 def run_config(config: Config, args: argparse.Namespace, folder: Path) -> Result:
     result = Result(config)
     stack = Stack()
-    broker = args.redis_url if config.broker == "redis" else f"sqla+sqlite:///{folder / 'broker.sqlite3'}"
-    if config.broker == "redis":
-        flush_redis(args.redis_url)
+    broker = {"redis": args.redis_url, "amqp": args.amqp_url}.get(
+        config.broker, f"sqla+sqlite:///{folder / 'broker.sqlite3'}"
+    )
+    empty_broker(config.broker, broker)
     with database(config.database, folder, args.postgres_url, args.pg_options) as url:
         fields: dict[str, Any] = {
             "database_url": url,
@@ -578,8 +610,9 @@ def run_config(config: Config, args: argparse.Namespace, folder: Path) -> Result
                 receiver_argv.append(str(jwks_path))
             receiver = Receiver(port)
             receiver.wait_ready(stack.start("receiver", receiver_argv, env, folder))
+            ordering = Ordering.SUBJECT if config.ordered else Ordering.NONE
             with session(engine) as s:
-                s.add(Subscription(url=f"{receiver.base}/hook"))
+                s.add(Subscription(url=f"{receiver.base}/hook", ordering=ordering))
                 s.commit()
             celery = start_workers(config, args, stack, env, folder)
             if celery is not None:
@@ -602,8 +635,7 @@ def run_config(config: Config, args: argparse.Namespace, folder: Path) -> Result
             tasks.uninstall_enqueuer()
             stack.stop()
             engine.dispose()
-    if config.broker == "redis":
-        flush_redis(args.redis_url)
+    empty_broker(config.broker, broker)
     return result
 
 
@@ -647,7 +679,7 @@ def measure(
     timeout = args.timeout
     meter = CpuMeter(stack, engine)
     started = time.time()
-    committed = emit_burst(engine, args.events, args.transaction)
+    committed = emit_burst(engine, args.events, args.transaction, args.subjects)
     emitter = meter.own_seconds()
     arrivals = receiver.wait_for(set(committed), timeout)
     finished = max(arrivals.values())
@@ -666,7 +698,7 @@ def measure(
     receiver.reset()
     paced = result.rate * args.paced_fraction
     meter = CpuMeter(stack, engine)
-    committed = emit_paced(engine, paced, args.latency_seconds)
+    committed = emit_paced(engine, paced, args.latency_seconds, args.subjects)
     emitter = meter.own_seconds()
     arrivals = receiver.wait_for(set(committed), timeout)
     paced_cpu, paced_wall = meter.used(emitter), meter.wall_seconds()
@@ -790,6 +822,8 @@ def sign_rates(seconds: float = 1.0) -> tuple[float, float, int]:
 
 CONFIGS = {
     "redis": Config("engine (batches, per-origin pools)", "redis", "postgresql"),
+    "rabbitmq": Config("engine (batches, per-origin pools)", "amqp", "postgresql"),
+    "ordered": Config("engine, subject ordering", "redis", "postgresql", ordered=True),
     "embedded": Config("engine (batches, per-origin pools)", "embedded", "sqlite"),
     "verify": Config("engine, receiver verifies (usp_receiver)", "redis", "postgresql", verify=True),
     "naive": Config("naive: 1 task/delivery, sync httpx.Client", "redis", "postgresql", naive=True),
@@ -834,6 +868,8 @@ def main() -> None:
     parser.add_argument("--only", default="", help="comma-separated: redis,embedded,verify,naive")
     parser.add_argument("--skip", default="", help="comma-separated configurations to skip")
     parser.add_argument("--redis-url", default=DEFAULT_REDIS)
+    parser.add_argument("--amqp-url", default=DEFAULT_AMQP, help="the RabbitMQ of the rabbitmq row")
+    parser.add_argument("--subjects", type=int, default=SUBJECTS, help="bookings the events are about")
     parser.add_argument("--postgres-url", default=DEFAULT_POSTGRES)
     parser.add_argument("--keep", action="store_true", help="keep the logs folder")
     parser.add_argument(

@@ -30,10 +30,11 @@ def anyio_backend() -> str:
 def amqp_url() -> str:
     """URL of a live RabbitMQ (``USP_TEST_AMQP_URL``) for the pipeline tests on that broker."""
     url = os.environ.get(AMQP_URL_ENV, DEFAULT_AMQP_URL)
-    from kombu import Connection
+    from usp_workers.celery_app import make_celery
+    from usp_workers.settings import Settings
 
     try:
-        with Connection(url, connect_timeout=3) as connection:
+        with make_celery(Settings(_env_file=None, broker_url=url)).connection_for_write() as connection:
             connection.ensure_connection(max_retries=1)
     except Exception as exc:
         pytest.fail(

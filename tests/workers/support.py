@@ -23,7 +23,6 @@ from urllib.parse import urlsplit, urlunsplit
 import pytest
 import redis
 import sqlalchemy as sa
-from kombu import Connection, Queue
 from redis.lock import Lock
 from sqlalchemy.engine import Engine
 from sqlmodel import Session, col, func, select
@@ -244,12 +243,12 @@ def exclusive(client: redis.Redis) -> Iterator[Lock]:
 
 
 @contextmanager
-def amqp_queue(url: str) -> Iterator[Queue]:
+def amqp_queue(url: str) -> Iterator[Any]:
     """The delivery queue on the RabbitMQ at ``url``, as the Celery app declares it, bound to a
-    channel."""
-    declared = make_celery(Settings(_env_file=None, broker_url=url)).amqp.queues[QUEUE]
-    with Connection(url, connect_timeout=5) as connection:
-        queue = declared(connection.default_channel)
+    channel (a kombu ``Queue``)."""
+    celery = make_celery(Settings(_env_file=None, broker_url=url))
+    with celery.connection_for_write() as connection:
+        queue = celery.amqp.queues[QUEUE](connection.default_channel)
         queue.declare()
         yield queue
 
