@@ -738,13 +738,16 @@ class _Batch:
     def _queue_outcome(
         self, update: DeliveryUpdate, result: DeliveryResult, attempt: AttemptRow | None = None
     ) -> None:
-        """Queue one delivery's outcome for :meth:`record_as_they_end`."""
+        """Queue one delivery's outcome for :meth:`record_as_they_end`, waking it only for the
+        first outcome of its next record (a wake-up per outcome, in thread switches, took worker
+        CPU per delivery from 612 to 802 µs in bench/pipeline.py)."""
         with self.concluded:
             if attempt is not None:
                 self.attempts.append(attempt)
             self.updates.append(update)
             self.results.append(result)
-            self.concluded.notify_all()
+            if len(self.updates) == 1:
+                self.concluded.notify_all()
 
 
 async def _check_targets(
