@@ -279,8 +279,8 @@ def start_worker(pipeline: Pipeline, _children: list[ServiceProcess]) -> StartWo
 def start_relay(pipeline: Pipeline, _children: list[ServiceProcess]) -> StartRelay:
     """Start a scheduler subprocess (``start_relay(name)``)."""
 
-    def start(name: str = "relay") -> RelayProcess:
-        relay = RelayProcess(pipeline, name)
+    def start(name: str = "relay", **kw: Any) -> RelayProcess:
+        relay = RelayProcess(pipeline, name, **kw)
         _children.append(relay)
         return relay
 

@@ -306,14 +306,16 @@ class ServiceProcess:
     #: A line the child prints once it is ready (``None``: ready at once).
     ready_marker: str | None = None
 
-    def __init__(self, pipeline: Pipeline, name: str, command: Sequence[str]) -> None:
+    def __init__(
+        self, pipeline: Pipeline, name: str, command: Sequence[str], env: dict[str, str] | None = None
+    ) -> None:
         self.name = name
         self.log_path = pipeline.folder / f"{name}.log"
         self._log = self.log_path.open("wb")
         self.process = subprocess.Popen(
             list(command),
             cwd=pipeline.folder,  # no stray .env is read, nothing is written outside tmp
-            env=pipeline.env(),
+            env=pipeline.env() | (env or {}),
             stdout=self._log,
             stderr=subprocess.STDOUT,
             start_new_session=True,  # our Ctrl-C is not its Ctrl-C; and killpg reaches it all
@@ -373,10 +375,12 @@ class WorkerProcess(ServiceProcess):
 
     ready_marker = " ready."
 
-    def __init__(self, pipeline: Pipeline, name: str, concurrency: int | None = None) -> None:
+    def __init__(
+        self, pipeline: Pipeline, name: str, concurrency: int | None = None, env: dict[str, str] | None = None
+    ) -> None:
         command = [sys.executable, "-m", "celery", "-A", "usp_workers.celery_app"]
         node = f"{name}-{uuid.uuid4().hex[:8]}"  # one node name per worker (see worker_argv)
-        super().__init__(pipeline, name, command + worker_argv(concurrency=concurrency, node=node))
+        super().__init__(pipeline, name, command + worker_argv(concurrency=concurrency, node=node), env)
 
     def diagnose(self) -> str:
         """The output, after asking a live worker for a traceback of every thread (Celery dumps
@@ -399,8 +403,8 @@ class RelayProcess(ServiceProcess):
 
     ready_marker = "scheduler started"
 
-    def __init__(self, pipeline: Pipeline, name: str = "relay") -> None:
-        super().__init__(pipeline, name, [sys.executable, "-c", RELAY_SCRIPT])
+    def __init__(self, pipeline: Pipeline, name: str = "relay", env: dict[str, str] | None = None) -> None:
+        super().__init__(pipeline, name, [sys.executable, "-c", RELAY_SCRIPT], env)
 
 
 StartWorker = Callable[..., WorkerProcess]
