@@ -35,7 +35,7 @@ from sqlmodel import Session
 from usp_receiver import jwk_thumbprint
 from usp_schemas.generate import readable_schema
 from usp_workers import db
-from usp_workers.models import Subscription, Transport
+from usp_workers.models import OnDead, Ordering, Subscription, Transport
 from usp_workers.settings import Settings
 from usp_workers.ssrf import Resolver
 
@@ -211,6 +211,16 @@ class SubscriptionArguments(_Strict):
     event_types: list[str] = Field(
         default_factory=lambda: ["*"], min_length=1, max_length=64, description="'*', exact types, or globs"
     )
+    ordering: Ordering = Field(
+        default=Ordering.NONE,
+        description="subject: each booking's (waitlist entry's, post's) events one at a time, in the"
+        " order they were emitted; none: in parallel",
+    )
+    on_dead: OnDead = Field(
+        default=OnDead.BLOCK,
+        description="under subject ordering, a dead delivery blocks its subject's later events until"
+        " redriven, or is skipped",
+    )
 
 
 class SubscriptionPage(_Strict):
@@ -381,7 +391,9 @@ async def feed_subscriptions_create(call: ToolCall, args: SubscriptionArguments)
     validation does for every tool: a replay re-checks the URL before it is answered, and a
     different request with a refused URL is ``invalid_params`` rather than a conflict."""
     _require_authenticated(call.caller)
-    spec = feed.SubscriptionSpec(args.url, args.transport, args.event_types, call.caller.profile)
+    spec = feed.SubscriptionSpec(
+        args.url, args.transport, args.event_types, call.caller.profile, args.ordering, args.on_dead
+    )
     try:
         checked = await feed.check_subscription(spec, call.settings, resolver=call.resolver)
     except Refused as exc:

@@ -48,6 +48,26 @@ async def test_the_same_key_and_arguments_answer_the_first_subscription(
     assert (record.principal, record.key) == ("key:acme", "sub-once")
 
 
+async def test_a_platform_asks_for_ordered_delivery(
+    mcp_engine: Engine, settings: Settings, acme_key: str
+) -> None:
+    arguments = {"url": HOOK, "ordering": "subject", "on_dead": "skip", **usp(key=acme_key)}
+    async with connect(mcp_engine, settings) as client:
+        created = await ok(client, "usp_feed_subscriptions_create", arguments)
+        assert (created["subscription"]["ordering"], created["subscription"]["on_dead"]) == (
+            "subject",
+            "skip",
+        )
+        await refused(
+            client,
+            "usp_feed_subscriptions_create",
+            {"url": HOOK, "ordering": "total", **usp(key=acme_key)},
+            -32602,
+        )
+    ((stored),) = _subscriptions(mcp_engine)
+    assert (stored.ordering, stored.on_dead) == ("subject", "skip")
+
+
 async def test_the_same_key_with_other_arguments_is_an_idempotency_conflict(
     mcp_engine: Engine, settings: Settings, acme_key: str
 ) -> None:
