@@ -33,14 +33,20 @@ def test_migrate_creates_the_schema(database_url: str, engine: Engine) -> None:
 
 
 def test_migrate_names_the_revisions_it_applied(database_url: str, engine: Engine) -> None:
+    from alembic.config import Config
+    from alembic.script import ScriptDirectory
+
     from usp_workers import db
 
+    config = Config()
+    config.set_main_option("script_location", str(db.MIGRATIONS))
+    head = ScriptDirectory.from_config(config).get_current_head()
     db.upgrade(engine, "0004")
     result = CliRunner().invoke(cli.app, ["migrate"], env={"USP_DATABASE_URL": database_url})
     assert result.exit_code == 0, result.output
     said = " ".join(result.output.split())
     assert "upgraded the schema" in said
-    assert "engine 0004 → 0005" in said
+    assert f"engine 0004 → {head}" in said
 
 
 def test_api_serves_create_app_on_the_given_address(monkeypatch: pytest.MonkeyPatch) -> None:
