@@ -18,10 +18,12 @@ a relay loop, a test or a benchmark calls it the same way. One call:
    pending, due now), as are those a try could no longer finish within the lease. A hung
    endpoint thus holds at most ``per_endpoint_concurrency`` tries (and worker threads) per
    process, and never stalls other subscriptions or makes a lease expire mid-try;
-6. judges each try (:func:`usp_workers.verdict.judge`) and records all attempts and new states
-   in one transaction, fenced by the lease (:func:`usp_workers.store.record`), with the
-   subscriptions' health (:mod:`usp_workers.health`: tallied per subscription, written only on
-   transitions or every few seconds, never once per success).
+6. judges each try (:func:`usp_workers.verdict.judge`) and records its attempt and new state
+   within :data:`RECORD_DELAY` of its end, together with the others that ended meanwhile (one
+   transaction for a fast batch), fenced by the lease (:func:`usp_workers.store.record`); the
+   last record also writes the subscriptions' health (:mod:`usp_workers.health`: tallied per
+   subscription, written only on transitions or every few seconds, never once per success);
+7. hands over the next delivery of each ordered subject it settled (:mod:`usp_workers.ordering`).
 
 Endpoint health gates step 5: a subscription whose circuit breaker is open (or that asked for
 back-pressure with a 429) has its deliveries *paused*: back to ``pending``, due when the pause
@@ -345,7 +347,7 @@ class _Batch:
     concluded: threading.Condition = field(default_factory=threading.Condition)
     done_sending: bool = False
     tallies: dict[str, Tally] = field(default_factory=dict)
-    #: per rate-limited subscription: when its next slot frees, and how many were deferred to it
+    #: per rate-limited subscription: the bucket's next start, and how many were deferred to it
     rate_blocked: dict[str, tuple[datetime, int]] = field(default_factory=dict)
 
     @property
