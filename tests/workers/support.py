@@ -446,6 +446,22 @@ def emit_events(engine: Engine, count: int, *, per_transaction: int = 1) -> list
     return event_ids
 
 
+def in_flight_under_lease(engine: Engine, seconds: float) -> int:
+    """Deliveries in flight under a lease of ``seconds`` (``lease_until - updated_at``, both set
+    by the claim): tells one worker's claims from another's when their leases differ."""
+    with Session(engine) as s:
+        rows = s.exec(
+            select(Delivery.lease_until, Delivery.updated_at).where(
+                col(Delivery.status) == DeliveryStatus.IN_FLIGHT
+            )
+        ).all()
+    return sum(
+        1
+        for lease_until, claimed_at in rows
+        if lease_until is not None and abs((lease_until - claimed_at).total_seconds() - seconds) < 0.01
+    )
+
+
 def status_counts(engine: Engine) -> dict[str, int]:
     with Session(engine) as s:
         rows = s.exec(select(Delivery.status, func.count()).group_by(col(Delivery.status))).all()

@@ -10,6 +10,7 @@ import json
 import random
 import re
 import threading
+import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 
@@ -29,6 +30,7 @@ from .support import (
     Pipeline,
     StartRelay,
     StartWorker,
+    in_flight_under_lease,
     status_counts,
     wait_all_succeeded,
     wait_for_status,
@@ -94,7 +96,10 @@ def test_four_workers_keep_every_subjects_order_through_failures_and_a_kill(
     with Session(pipeline.engine) as s:
         s.add(Subscription(url=endpoints.add("ordered", endpoint), ordering=Ordering.SUBJECT))
         s.commit()
-    workers = [start_worker(f"worker-{n}", concurrency=4) for n in range(4)]
+    # The others' lease is a little longer, so the first's claims can be told apart in the
+    # database: the kill below must hit a worker holding some.
+    longer = {"USP_LEASE_SECONDS": "3.25"}
+    workers = [start_worker(f"worker-{n}", concurrency=4, env=longer if n else None) for n in range(4)]
     relay = start_relay()
     for child in (*workers, relay):
         child.wait_ready()
@@ -106,8 +111,10 @@ def test_four_workers_keep_every_subjects_order_through_failures_and_a_kill(
     emit_rounds(pipeline, subjects, order)
     total = SUBJECTS * EVENTS_PER_SUBJECT
     wait_for_status(pipeline.engine, DeliveryStatus.SUCCEEDED, total // 4, 120, *diagnose)
-    # Killed while many deliveries are in flight, so that it almost surely holds some.
-    wait_for_status(pipeline.engine, DeliveryStatus.IN_FLIGHT, 60, 60, *diagnose)
+    deadline = time.monotonic() + 60
+    while in_flight_under_lease(pipeline.engine, 3.0) < 5:
+        assert time.monotonic() < deadline, workers[0].diagnose()
+        time.sleep(0.01)
     workers[0].kill()
     at_kill = status_counts(pipeline.engine)
     wait_all_succeeded(pipeline.engine, total, 240, *diagnose[1:], relay.output)

@@ -53,6 +53,7 @@ from .support import (
     StartRelay,
     StartWorker,
     emit_events,
+    in_flight_under_lease,
     jwks_of,
     status_counts,
     subscribe,
@@ -219,7 +220,10 @@ def test_a_worker_killed_mid_run_loses_nothing(
     receivers = {"a": UspReceiver(jwks, delay=0.05), "b": UspReceiver(jwks, delay=0.05)}
     for name, receiver in receivers.items():
         subscribe(pipeline.engine, endpoints.add(name, receiver))
-    first, second = start_worker("worker-1"), start_worker("worker-2")
+    # The second worker's lease is a little longer, so the first's claims can be told apart in
+    # the database (``lease_until - updated_at``): the kill must hit a worker holding some.
+    first = start_worker("worker-1")
+    second = start_worker("worker-2", env={"USP_LEASE_SECONDS": str(SECOND_LEASE)})
     relay = start_relay()
     for child in (first, second, relay):
         child.wait_ready()
@@ -239,10 +243,13 @@ def test_a_worker_killed_mid_run_loses_nothing(
     wait_for_status(pipeline.engine, DeliveryStatus.SUCCEEDED, 500, 60, first.diagnose, second.diagnose)
     # Kill while many deliveries are in flight (a worker holds up to 32 batches of 20), so that
     # the killed worker almost surely holds some: the relay must reclaim them below.
-    wait_for_status(pipeline.engine, DeliveryStatus.IN_FLIGHT, 100, 30, first.diagnose, second.diagnose)
+    deadline = time.monotonic() + 30
+    while held_by_first(pipeline.engine) < 20:
+        assert time.monotonic() < deadline, first.diagnose()
+        time.sleep(0.01)
     first.kill()
+    in_flight = held_by_first(pipeline.engine)
     at_kill = status_counts(pipeline.engine)
-    in_flight = at_kill.get(DeliveryStatus.IN_FLIGHT.value, 0)
     done_at_kill = at_kill.get(DeliveryStatus.SUCCEEDED.value, 0)
     restarted = start_worker("worker-1-restarted")
     emitter.join(60)
@@ -257,6 +264,7 @@ def test_a_worker_killed_mid_run_loses_nothing(
     assert dead_deliveries(pipeline.engine) == []
     sent = sum(posts(hub, endpoints.path(name)) for name in receivers)
     reclaimed = _reclaimed(relay.output())
+    assert in_flight > 0, "the killed worker held deliveries"
     assert reclaimed > 0, f"what the killed worker held comes back by its lease ({in_flight} in flight)"
     report(
         capsys,
@@ -264,6 +272,14 @@ def test_a_worker_killed_mid_run_loses_nothing(
         f"{reclaimed} expired leases reclaimed, {sent - 2000} duplicate POSTs "
         f"({attempt_count(pipeline.engine)} attempts recorded), 0 lost, 0 handled twice",
     )
+
+
+#: The lease of the worker that is not killed (the pipeline's is 3 s).
+SECOND_LEASE = 3.25
+
+
+def held_by_first(engine: Engine) -> int:
+    return in_flight_under_lease(engine, 3.0)
 
 
 def _reclaimed(relay_log: str) -> int:
