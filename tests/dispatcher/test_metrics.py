@@ -237,6 +237,9 @@ def test_a_subject_blocked_by_a_dead_delivery_shows_in_the_metrics_and_the_admin
         connection.execute(sa.update(_deliveries).where(first).values(status="dead", completed_at=utcnow()))
 
     found = samples(client.get("/metrics", headers=ADMIN).text)
+    # The ordered subscription's two later deliveries are held, not due: no worker could send them.
+    assert value(found, "usp_queue_depth", state="held") == 2
+    assert value(found, "usp_queue_depth", state="due") == 2  # the unordered subscription's
     assert value(found, "usp_subjects_blocked", subscription_id=ordered_id) == 1
     assert value(found, "usp_subjects_blocked", subscription_id=unordered_id) == 0
     answer = client.get(f"/admin/subscriptions/{ordered_id}/blocked-subjects", headers=ADMIN)

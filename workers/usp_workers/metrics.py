@@ -11,9 +11,12 @@ Series (all gauges but the histogram, since retention deletes rows and counts ma
 * ``usp_deliveries{status, event_type}``: deliveries by status (pending, in_flight, succeeded,
   dead, superseded: dead and delivered again) and event type, over the retained history
   (:mod:`usp_workers.retention`);
-* ``usp_queue_depth{state}``: ``due`` (pending, ``next_attempt_at`` passed), ``scheduled``
-  (pending, later: retries and paused deliveries) and ``in_flight``;
-* ``usp_oldest_due_delivery_age_seconds``: how late the most overdue pending delivery is (the
+* ``usp_queue_depth{state}``: ``due`` (pending, ``next_attempt_at`` passed: work for a
+  worker), ``held`` (due, but waiting behind an earlier delivery of its subject: more workers
+  would not send it sooner), ``scheduled`` (pending, later: retries and paused deliveries) and
+  ``in_flight``;
+* ``usp_oldest_due_delivery_age_seconds``: how late the most overdue due delivery is, held ones
+  left out (the
   backlog alarm: a healthy fleet keeps it near the relay interval);
 * ``usp_oldest_pending_delivery_age_seconds``: the age of the oldest unfinished delivery;
 * ``usp_dead_letter_size``: dead deliveries, the same number as ``usp_deliveries{status="dead"}``
@@ -46,7 +49,7 @@ from sqlmodel import SQLModel
 
 from .models import Attempt, BreakerState, Delivery, DeliveryStatus, EventRecord, Subscription, utcnow
 from .operations import DELETED
-from .ordering import blocked_counts
+from .ordering import blocked_counts, unblocked
 from .settings import Settings
 
 __all__ = ["LATENCY_BUCKETS", "DatabaseCollector", "Snapshot", "render", "snapshot"]
@@ -83,6 +86,7 @@ class Snapshot:
 
     deliveries: dict[tuple[str, str], int] = field(default_factory=dict)  #: (status, event type)
     due: int = 0
+    held: int = 0  #: due, but waiting behind an earlier delivery of its subject (subject ordering)
     scheduled: int = 0
     in_flight: int = 0
     oldest_due_age: float = 0.0
@@ -112,14 +116,21 @@ def snapshot(engine: Engine, settings: Settings, *, now: datetime | None = None)
         pending = d.status == DeliveryStatus.PENDING.value
         due_count, oldest_due = connection.execute(
             sa.select(sa.func.count(), sa.func.min(d.next_attempt_at)).where(
-                pending, d.next_attempt_at <= moment
+                pending, d.next_attempt_at <= moment, unblocked(_deliveries)
             )
         ).one()
         result.due = int(due_count)
+        result.held = int(
+            connection.execute(
+                sa.select(sa.func.count()).where(
+                    pending, d.next_attempt_at <= moment, d.subject_key.is_not(None), ~unblocked(_deliveries)
+                )
+            ).scalar_one()
+        )
         pending_total = sum(
             n for (status, _), n in result.deliveries.items() if status == DeliveryStatus.PENDING
         )
-        result.scheduled = max(0, pending_total - result.due)
+        result.scheduled = max(0, pending_total - result.due - result.held)
         if oldest_due is not None:
             result.oldest_due_age = max(0.0, (moment - oldest_due).total_seconds())
         oldest_pending = connection.execute(
@@ -181,10 +192,12 @@ def families(snap: Snapshot) -> Iterator[Metric]:
     yield deliveries
     depth = GaugeMetricFamily(
         "usp_queue_depth",
-        "Unfinished deliveries: due (pending, time passed), scheduled (pending, later), in_flight.",
+        "Unfinished deliveries: due (pending, time passed), held (due, behind an earlier delivery"
+        " of its subject), scheduled (pending, later), in_flight.",
         labels=["state"],
     )
     depth.add_metric(["due"], snap.due)
+    depth.add_metric(["held"], snap.held)
     depth.add_metric(["scheduled"], snap.scheduled)
     depth.add_metric(["in_flight"], snap.in_flight)
     yield depth
