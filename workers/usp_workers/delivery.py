@@ -217,11 +217,12 @@ async def deliver_batch(
     expires).
     """
     opened = await anyio.to_thread.run_sync(
-        partial(_open, engine, settings, delivery_ids, client=client, now=now, schedule=schedule)
+        partial(
+            _open, engine, settings, delivery_ids, client=client, now=now, schedule=schedule, enqueue=enqueue
+        )
     )
     if isinstance(opened, BatchReport):
         return opened
-    opened.enqueue = enqueue
     async with anyio.create_task_group() as group:
         group.start_soon(partial(anyio.to_thread.run_sync, opened.record_as_they_end))
         try:
@@ -258,11 +259,16 @@ def deliver_batch_sync(
     """
     runtime = background_runtime(settings)
     opened = _open(
-        engine, settings, delivery_ids, client=client or runtime.client, now=now, schedule=schedule
+        engine,
+        settings,
+        delivery_ids,
+        client=client or runtime.client,
+        now=now,
+        schedule=schedule,
+        enqueue=enqueue,
     )
     if isinstance(opened, BatchReport):
         return opened
-    opened.enqueue = enqueue
     sending = runtime.submit(opened.run(opened.claimed, resolver))
     sending.add_done_callback(lambda _: opened.sent())
     opened.record_as_they_end()
@@ -278,6 +284,7 @@ def _open(
     client: httpx.AsyncClient,
     now: Clock,
     schedule: RetrySchedule | None,
+    enqueue: Enqueue | None,
 ) -> _Batch | BatchReport:
     """Claim the due deliveries among ``delivery_ids`` (blocking): the batch to run, or the
     finished report when nothing was claimed."""
@@ -312,6 +319,8 @@ def _open(
         subscriptions=subscriptions,
         claimed=claimed,
         report=report,
+        enqueue=enqueue,
+        ordered=frozenset(delivery.id for delivery in claimed if delivery.subject_key is not None),
     )
 
 
@@ -340,6 +349,8 @@ class _Batch:
     report: BatchReport
     bodies: BodyCache = field(default_factory=dict)
     enqueue: Enqueue | None = None
+    #: the claimed deliveries under subject ordering: settled, they hand their subject on
+    ordered: frozenset[str] = frozenset()
     #: outcomes concluded and not yet recorded (guarded by ``concluded``)
     attempts: list[AttemptRow] = field(default_factory=list)
     updates: list[DeliveryUpdate] = field(default_factory=list)
@@ -431,14 +442,18 @@ class _Batch:
         stale = sum(not result.applied for result in results)
         if stale:
             logger.warning("%d deliveries were taken over after their lease expired", stale)
-        self._release_subjects([u for u in updates if u.delivery_id in applied], recorded_at)
+        if self.ordered:
+            self._release_subjects(updates, applied, recorded_at)
 
-    def _release_subjects(self, updates: list[DeliveryUpdate], now: datetime) -> None:
+    def _release_subjects(self, updates: list[DeliveryUpdate], applied: set[str], now: datetime) -> None:
         """Hand over the next delivery of each ordered subject these settled (best effort: the
         scheduler sends what this misses)."""
-        ordered = {delivery.id for delivery in self.claimed if delivery.subject_key is not None}
         settled = (DeliveryStatus.SUCCEEDED, DeliveryStatus.DEAD)
-        finished = [u.delivery_id for u in updates if u.status in settled and u.delivery_id in ordered]
+        finished = [
+            u.delivery_id
+            for u in updates
+            if u.status in settled and u.delivery_id in self.ordered and u.delivery_id in applied
+        ]
         if not finished:
             return
         try:
