@@ -114,19 +114,22 @@ def snapshot(engine: Engine, settings: Settings, *, now: datetime | None = None)
             n for (status, _), n in result.deliveries.items() if status == DeliveryStatus.IN_FLIGHT
         )
         pending = d.status == DeliveryStatus.PENDING.value
-        due_count, oldest_due = connection.execute(
-            sa.select(sa.func.count(), sa.func.min(d.next_attempt_at)).where(
-                pending, d.next_attempt_at <= moment, unblocked(_deliveries)
+        # One pass over the due rows: ``free`` is whether each may go now (not held back).
+        due_rows = (
+            sa.select(d.next_attempt_at, unblocked(_deliveries).label("free"))
+            .where(pending, d.next_attempt_at <= moment)
+            .subquery()
+        )
+        free = due_rows.c.free
+        all_due, due_count, oldest_due = connection.execute(
+            sa.select(
+                sa.func.count(),
+                sa.func.count(sa.case((free, 1))),
+                sa.func.min(sa.case((free, due_rows.c.next_attempt_at))),
             )
         ).one()
         result.due = int(due_count)
-        result.held = int(
-            connection.execute(
-                sa.select(sa.func.count()).where(
-                    pending, d.next_attempt_at <= moment, d.subject_key.is_not(None), ~unblocked(_deliveries)
-                )
-            ).scalar_one()
-        )
+        result.held = int(all_due) - result.due
         pending_total = sum(
             n for (status, _), n in result.deliveries.items() if status == DeliveryStatus.PENDING
         )
