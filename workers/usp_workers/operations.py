@@ -77,7 +77,7 @@ from .models import (
     utcnow,
 )
 from .ordering import BlockedSubject, blocked_counts, subject_of
-from .outbox import Enqueue, _enqueue_after_commit, event_matches, reaches
+from .outbox import Enqueue, _enqueue_after_commit, event_matches, new_delivery_row, reaches
 
 __all__ = [
     "DELETED",
@@ -499,7 +499,7 @@ def replay_event(
                 sa.insert(_deliveries),
                 # As emit's: marked handed off now; the relay re-sends only if the hand-off is lost.
                 [
-                    _new_delivery(did, event_id, sid, moment, enqueued_at=moment, subject=subject)
+                    new_delivery_row(did, event_id, sid, moment, enqueued_at=moment, subject=subject)
                     for (did, sid), subject in zip(created, subjects, strict=True)
                 ],
             )
@@ -837,7 +837,7 @@ def _delivery_batch(
     connection = s.connection()
     handed: list[str] = []
     fresh = [
-        _new_delivery(
+        new_delivery_row(
             new_id("dlv"),
             row.event_id,
             row.subscription_id,
@@ -889,7 +889,7 @@ def _backfill_batch(
     if not rows:
         return None
     fresh = [
-        _new_delivery(
+        new_delivery_row(
             new_id("dlv"),
             row.id,
             subscription.id,
@@ -1130,32 +1130,6 @@ def _check_target(subscription: Subscription, record: EventRecord) -> None:
             "audience_mismatch",
             f"event {record.id} is not for subscription {subscription.id!r}'s platform",
         )
-
-
-def _new_delivery(
-    delivery_id: str,
-    event_id: str,
-    subscription_id: str,
-    moment: datetime,
-    *,
-    enqueued_at: datetime | None,
-    subject: tuple[str | None, str | None] = (None, None),
-) -> dict[str, Any]:
-    """A new delivery row; ``subject``: its ``(subject_key, subject_order)`` under subject
-    ordering (:func:`usp_workers.ordering.subject_of`), so it takes its event's place."""
-    return {
-        "id": delivery_id,
-        "event_id": event_id,
-        "subscription_id": subscription_id,
-        "status": DeliveryStatus.PENDING.value,
-        "attempt_count": 0,
-        "next_attempt_at": moment,
-        "enqueued_at": enqueued_at,
-        "created_at": moment,
-        "updated_at": moment,
-        "subject_key": subject[0],
-        "subject_order": subject[1],
-    }
 
 
 def _delivery_counts(session: Session, event_ids: Sequence[str]) -> dict[str, dict[str, int]]:

@@ -23,6 +23,7 @@ import fnmatch
 import json
 import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from datetime import datetime
 from typing import Any, NamedTuple
 
 import sqlalchemy as sa
@@ -42,7 +43,7 @@ from .models import (
 )
 from .ordering import subject_of
 
-__all__ = ["Enqueue", "emit", "event_matches", "reaches", "set_enqueuer", "subject_id_of"]
+__all__ = ["Enqueue", "emit", "event_matches", "new_delivery_row", "reaches", "set_enqueuer", "subject_id_of"]
 
 logger = logging.getLogger("usp_workers")
 
@@ -116,26 +117,42 @@ def emit(
             and event_matches(model.event, subscription.patterns)
         ):
             continue
-        subject_key, subject_order = subject_of(subscription.ordering, record.subject_id, now, record.id)
+        subject = subject_of(subscription.ordering, record.subject_id, now, record.id)
         rows.append(
-            {
-                "id": new_id("dlv"),
-                "event_id": record.id,
-                "subscription_id": subscription.id,
-                "status": DeliveryStatus.PENDING.value,
-                "attempt_count": 0,
-                "next_attempt_at": now,
-                "enqueued_at": now,
-                "created_at": now,
-                "updated_at": now,
-                "subject_key": subject_key,
-                "subject_order": subject_order,
-            }
+            new_delivery_row(new_id("dlv"), record.id, subscription.id, now, enqueued_at=now, subject=subject)
         )
     if rows:
         _insert_after_flush(session, rows)
         _enqueue_after_commit(session, [str(row["id"]) for row in rows])
     return record
+
+
+def new_delivery_row(
+    delivery_id: str,
+    event_id: str,
+    subscription_id: str,
+    moment: datetime,
+    *,
+    enqueued_at: datetime | None,
+    subject: tuple[str | None, str | None] = (None, None),
+) -> dict[str, Any]:
+    """A new pending delivery, due at ``moment``, as a row for one multi-row ``INSERT`` (emit,
+    replays, recover and redrive). ``enqueued_at``: when it was handed to the broker (``None``:
+    the scheduler sends it). ``subject``: its ``(subject_key, subject_order)`` under subject
+    ordering (:func:`usp_workers.ordering.subject_of`), so it takes its event's place."""
+    return {
+        "id": delivery_id,
+        "event_id": event_id,
+        "subscription_id": subscription_id,
+        "status": DeliveryStatus.PENDING.value,
+        "attempt_count": 0,
+        "next_attempt_at": moment,
+        "enqueued_at": enqueued_at,
+        "created_at": moment,
+        "updated_at": moment,
+        "subject_key": subject[0],
+        "subject_order": subject[1],
+    }
 
 
 def reaches(subscription_profile: str | None, audience: str | None) -> bool:
