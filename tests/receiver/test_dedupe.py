@@ -523,6 +523,124 @@ async def test_redis_sync_client_only_async_runs_in_a_thread(redis_url: str) -> 
         client.close()
 
 
+def _kill_line(admin: redis.Redis, address: tuple[str, int]) -> None:
+    """Close one connection from the server's side, as a Redis restart or a proxy would."""
+    assert admin.client_kill(f"{address[0]}:{address[1]}")
+
+
+def test_redis_sync_line_outlives_a_script_flush_and_a_killed_connection(redis_url: str) -> None:
+    prefix = _redis_prefix()
+    admin = redis.Redis.from_url(redis_url)
+    store = RedisDedupe(url=redis_url, prefix=prefix)
+    try:
+        first = store.claim("evt-1")
+        store.commit(first)  # written, its reply still unread
+        admin.script_flush()  # the next EVALSHA gets NOSCRIPT
+        assert store.claim("evt-1").state is DUPLICATE
+        second = store.claim("evt-2")
+        store.commit(second)
+        line = store._line
+        assert line is not None
+        assert line._connection is not None
+        _kill_line(admin, line._connection._sock.getsockname())
+        # The unread commit and the claim are sent again on a new connection; both are idempotent.
+        assert store.claim("evt-2").state is DUPLICATE
+        assert store.claim("evt-3").state is NEW
+        assert admin.get(prefix + "evt-2") == b"d"
+    finally:
+        store.close()
+        _drop_prefix(admin, prefix)
+        admin.close()
+
+
+@pytest.mark.anyio
+async def test_redis_async_line_outlives_a_script_flush_and_a_killed_connection(redis_url: str) -> None:
+    prefix = _redis_prefix()
+    admin = redis.Redis.from_url(redis_url)
+    store = RedisDedupe(url=redis_url, prefix=prefix)
+    try:
+        await store.acommit(await store.aclaim("evt-1"))
+        admin.script_flush()
+        assert (await store.aclaim("evt-1")).state is DUPLICATE
+        await store.acommit(await store.aclaim("evt-2"))
+        line = store._async_line
+        assert line is not None
+        assert line._writer is not None
+        _kill_line(admin, line._writer.get_extra_info("sockname"))
+        assert (await store.aclaim("evt-2")).state is DUPLICATE
+        assert (await store.aclaim("evt-3")).state is NEW
+        assert admin.get(prefix + "evt-2") == b"d"
+    finally:
+        await store.aclose()
+        _drop_prefix(admin, prefix)
+        admin.close()
+
+
+@pytest.mark.anyio
+async def test_redis_async_calls_are_pipelined_and_commits_land_by_close(redis_url: str) -> None:
+    """Many tasks at once share the one connection; every reply reaches its own caller."""
+    prefix = _redis_prefix()
+    admin = redis.Redis.from_url(redis_url)
+    store = RedisDedupe(url=redis_url, prefix=prefix)
+    ids = [f"evt-{i}" for i in range(300)]
+    try:
+        claims = await _gather([store.aclaim(event_id) for event_id in ids])
+        assert [c.state for c in claims] == [NEW] * len(ids)
+        assert [c.event_id for c in claims] == ids
+        again = await _gather([store.aclaim(event_id) for event_id in ids[:50]])
+        assert {c.state for c in again} == {IN_PROGRESS}
+        await _gather([store.acommit(claim) for claim in claims[:150]])
+        await _gather([store.arelease(claim) for claim in claims[150:]])
+        await store.aclose()  # reads what is unanswered before it lets go
+        values = admin.mget([prefix + event_id for event_id in ids])
+        assert values == [b"d"] * 150 + [None] * 150
+        assert (await store.aclaim(ids[0])).state is DUPLICATE  # a closed store opens again
+    finally:
+        await store.aclose()
+        _drop_prefix(admin, prefix)
+        admin.close()
+
+
+@pytest.mark.anyio
+async def test_redis_line_authenticates_and_selects_its_database(redis_url: str) -> None:
+    """AUTH with a username (an ACL user made for the test) and SELECT come from the URL."""
+    admin = redis.Redis.from_url(redis_url)
+    user, password = f"usp-test-{uuid.uuid4().hex[:8]}", uuid.uuid4().hex
+    prefix = _redis_prefix()
+    admin.acl_setuser(user, enabled=True, passwords=[f"+{password}"], keys=["usp:test:*"], commands=["+@all"])
+    host = admin.connection_pool.connection_kwargs.get("host", "127.0.0.1")
+    port = admin.connection_pool.connection_kwargs.get("port", 6379)
+    good = RedisDedupe(url=f"redis://{user}:{password}@{host}:{port}/14", prefix=prefix)
+    bad = RedisDedupe(url=f"redis://{user}:wrong@{host}:{port}/14", prefix=prefix)
+    db14 = redis.Redis(host=host, port=port, db=14)
+    try:
+        assert (await good.aclaim("evt")).state is NEW
+        assert db14.exists(prefix + "evt") == 1
+        same_db = admin.connection_pool.connection_kwargs.get("db") == 14
+        assert admin.exists(prefix + "evt") == int(same_db)
+        with pytest.raises(redis.ResponseError, match="AUTH"):
+            await bad.aclaim("evt")
+    finally:
+        await good.aclose()
+        await bad.aclose()
+        _drop_prefix(db14, prefix)
+        db14.close()
+        admin.acl_deluser(user)
+        admin.close()
+
+
+async def _gather(calls: list[Any]) -> list[Any]:
+    results: list[Any] = [None] * len(calls)
+
+    async def run(i: int, call: Any) -> None:
+        results[i] = await call
+
+    async with anyio.create_task_group() as tg:
+        for i, call in enumerate(calls):
+            tg.start_soon(run, i, call)
+    return results
+
+
 def test_redis_needs_a_connection() -> None:
     with pytest.raises(ValueError, match="needs a client"):
         RedisDedupe()
