@@ -1,5 +1,6 @@
 """``usp-webhooks api`` in a subprocess for the benchmarks: its own process group, a free port on
-127.0.0.1, the log in the bench's folder; yields the base URL once ``ready`` answers 200."""
+127.0.0.1, the log in the bench's folder; yields it once ``ready`` answers 200, with what
+/proc says of it (CPU, RSS, open files)."""
 
 from __future__ import annotations
 
@@ -11,15 +12,43 @@ import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 
-__all__ = ["api_server"]
+__all__ = ["ApiProcess", "api_server", "cpu_seconds", "open_files", "rss_bytes"]
+
+_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+@dataclass(frozen=True)
+class ApiProcess:
+    base: str  #: ``http://127.0.0.1:PORT``
+    pid: int
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of ``pid`` so far (Linux ``/proc``)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / _TICKS
+
+
+def rss_bytes(pid: int) -> int:
+    """Resident set size of ``pid`` (``VmRSS`` in ``/proc/PID/status``)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
+def open_files(pid: int) -> int:
+    """File descriptors ``pid`` holds (sockets included)."""
+    return len(os.listdir(f"/proc/{pid}/fd"))
 
 
 @contextmanager
-def api_server(env: dict[str, str], folder: Path, *, ready: str) -> Iterator[str]:
+def api_server(env: dict[str, str], folder: Path, *, ready: str) -> Iterator[ApiProcess]:
     """Run the API with ``env`` (on top of this process's environment) until the block ends."""
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
@@ -44,7 +73,7 @@ def api_server(env: dict[str, str], folder: Path, *, ready: str) -> Iterator[str
                     break
             except httpx.HTTPError:
                 time.sleep(0.1)
-        yield base
+        yield ApiProcess(base, process.pid)
     finally:
         os.killpg(process.pid, signal.SIGTERM)
         try:

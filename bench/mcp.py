@@ -232,8 +232,8 @@ def api_server(url: str, folder: Path) -> Iterator[str]:
         "USP_BROKER_URL": f"sqla+sqlite:///{folder / 'broker.sqlite3'}",
         "USP_SEED_DEMO_CATALOG": "false",
     }
-    with run_api(env, folder, ready="/.well-known/usp") as base:
-        yield base
+    with run_api(env, folder, ready="/.well-known/usp") as api:
+        yield api.base
 
 
 if __name__ == "__main__":

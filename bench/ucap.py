@@ -240,8 +240,8 @@ def api_server(url: str, folder: Path) -> Iterator[str]:
         "USP_ALLOW_PRIVATE_TARGETS": "true",
         "USP_RATE_LIMIT_PER_MINUTE": "100000000",
     }
-    with run_api(env, folder, ready="/.well-known/ucap.json") as base:
-        yield base
+    with run_api(env, folder, ready="/.well-known/ucap.json") as api:
+        yield api.base
 
 
 # ------------------------------------------------------------------------------------ search

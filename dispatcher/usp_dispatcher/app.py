@@ -24,6 +24,7 @@ from usp_workers.settings import Settings
 
 from . import database
 from .domain import ensure_demo_catalog
+from .intake import Intake
 from .mcp.http import MCP_PATH, mount_mcp
 from .problems import install_problem_handlers
 from .request_guard import RefuseNul
@@ -62,6 +63,7 @@ def create_app(
         try:
             await anyio.to_thread.run_sync(_prepare_database, active, resolved)
             app.state.engine = active
+            app.state.intake = Intake(active)
             app.state.ucap = UcapService(
                 active, resolved, ucap_settings, resolver=lambda: getattr(app.state, "target_resolver", None)
             )

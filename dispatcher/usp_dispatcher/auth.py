@@ -23,7 +23,7 @@ _bearer = HTTPBearer(auto_error=False, scheme_name="AdminToken", description="US
 _CHALLENGE = 'Bearer realm="usp-webhooks-admin"'
 
 
-def require_admin(
+async def require_admin(
     settings: SettingsDep,
     credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
 ) -> None:

@@ -28,15 +28,15 @@ __all__ = [
 ]
 
 
-def get_settings(request: Request) -> Settings:
+async def get_settings(request: Request) -> Settings:
     return cast(Settings, request.app.state.settings)
 
 
-def get_engine(request: Request) -> Engine:
+async def get_engine(request: Request) -> Engine:
     return cast(Engine, request.app.state.engine)
 
 
-def get_resolver(request: Request) -> Resolver | None:
+async def get_resolver(request: Request) -> Resolver | None:
     """The DNS resolver the SSRF check uses; ``None`` is the system's (tests may set their own)."""
     return cast(Resolver | None, getattr(request.app.state, "target_resolver", None))
 

@@ -30,13 +30,13 @@ __all__ = ["router"]
 _bearer = HTTPBearer(auto_error=False, scheme_name="AdminToken", description="USP_ADMIN_TOKEN")
 
 
-def metrics_access(
+async def metrics_access(
     settings: SettingsDep,
     credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
 ) -> None:
     """The admin token, unless ``USP_METRICS_PUBLIC`` opens the endpoint."""
     if not settings.metrics_public:
-        require_admin(settings, credentials)
+        await require_admin(settings, credentials)
 
 
 router = APIRouter(tags=["operations"], dependencies=[Depends(metrics_access)])

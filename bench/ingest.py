@@ -1,0 +1,219 @@
+"""How many events one API process accepts: ``POST /events`` one at a time and in batches.
+
+Run: ``uv run python bench/ingest.py [--seconds 10] [--producers 16] [--batch 100]
+[--database postgresql|sqlite]``
+
+The API (``usp-webhooks api``, one uvicorn process) runs in a subprocess on 127.0.0.1 with the
+production layout: PostgreSQL (a schema of its own, dropped at the end) and a Redis broker
+(``--redis-url``, a database of its own that is flushed before and after: the bench runs no
+workers, so the hand-off queue only fills). Two subscriptions match every event, so each event
+is one event row and two delivery rows written and handed off. Producers are asyncio tasks in
+this process, each with its own keep-alive connection, posting ``booking.confirmed`` events with
+fresh ids for ``--seconds``:
+
+* **single**: one event per ``POST /events``;
+* **batch**: ``--batch`` events per ``POST /events/batch`` (one transaction, a result per event).
+
+Per row: events/s, request latency p50/p99, the API process's CPU per event (``/proc``), and a
+check that every accepted event is in the database with its deliveries (no loss).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # for bench.api_process
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import redis
+import sqlalchemy as sa
+from rich.console import Console
+from rich.table import Table
+
+from bench.api_process import ApiProcess, api_server, cpu_seconds
+from usp_schemas import BOOKING_CONFIRMED_EXAMPLE, new_event_id
+from usp_workers import db
+from usp_workers.models import Subscription
+
+DEFAULT_POSTGRES = os.environ.get(
+    "USP_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test"
+)
+ADMIN_TOKEN = "bench-admin-" + uuid.uuid4().hex
+SUBSCRIPTIONS = 2
+
+
+#: Every event the API accepted in this run, warm-ups included: what the database must hold.
+accepted_total = [0]
+
+
+@dataclass(frozen=True)
+class Row:
+    name: str
+    events: int
+    seconds: float
+    latencies: list[float]
+    cpu: float
+
+    @property
+    def rate(self) -> float:
+        return self.events / self.seconds
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--seconds", type=float, default=10.0, help="time per row")
+    parser.add_argument("--producers", type=int, default=16, help="concurrent producers")
+    parser.add_argument("--batch", type=int, default=100, help="events per batch request")
+    parser.add_argument("--database", choices=["postgresql", "sqlite"], default="postgresql")
+    parser.add_argument("--postgres-url", default=DEFAULT_POSTGRES)
+    parser.add_argument(
+        "--redis-url",
+        default=os.environ.get("USP_BENCH_REDIS_URL", "redis://127.0.0.1:6379/12"),
+        help="broker; this Redis database is flushed before and after",
+    )
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="usp-ingest-") as folder, database(args, Path(folder)) as url:
+        prepare(url)
+        flush(args.redis_url)
+        env = {
+            "USP_DATABASE_URL": url,
+            "USP_ADMIN_TOKEN": ADMIN_TOKEN,
+            "USP_BROKER_URL": args.redis_url,
+            "USP_ALLOW_PRIVATE_TARGETS": "true",
+            "USP_SEED_DEMO_CATALOG": "false",
+        }
+        try:
+            with api_server(env, Path(folder), ready="/.well-known/usp") as api:
+                rows = [
+                    asyncio.run(measure(api, "single", args.producers, 1, args.seconds)),
+                    asyncio.run(measure(api, "batch", args.producers, args.batch, args.seconds)),
+                ]
+            stored = count(url)
+        finally:
+            flush(args.redis_url)
+    accepted = accepted_total[0]
+    if stored != (accepted, accepted * SUBSCRIPTIONS):
+        raise SystemExit(f"lost events: accepted {accepted}, stored (events, deliveries) {stored}")
+    table = Table(title=f"POST /events, one API process, {args.database}, {args.producers} producers")
+    for column in ("form", "events", "events/s", "p50 request", "p99 request", "API CPU/event"):
+        table.add_column(column, justify="left" if column == "form" else "right")
+    for row in rows:
+        latencies = sorted(row.latencies)
+        table.add_row(
+            row.name,
+            f"{row.events:,}",
+            f"{row.rate:,.0f}",
+            f"{1000 * statistics.median(latencies):.1f} ms",
+            f"{1000 * latencies[int(0.99 * (len(latencies) - 1))]:.1f} ms",
+            f"{1e6 * row.cpu / row.events:,.0f} µs",
+        )
+    Console().print(table)
+    print(f"stored: {stored[0]:,} events, {stored[1]:,} deliveries (all accepted, none lost)")
+
+
+async def measure(api: ApiProcess, name: str, producers: int, batch: int, seconds: float) -> Row:
+    label = f"{name} ({batch} per request)" if batch > 1 else name
+    template: dict[str, Any] = json.loads(BOOKING_CONFIRMED_EXAMPLE)
+    path = "/events/batch" if batch > 1 else "/events"
+    headers = {"Authorization": f"Bearer {ADMIN_TOKEN}", "Content-Type": "application/json"}
+    latencies: list[float] = []
+    events = [0]
+
+    def body() -> bytes:
+        fresh = [template | {"event_id": new_event_id()} for _ in range(batch)]
+        return json.dumps(fresh if batch > 1 else fresh[0]).encode()
+
+    async def producer(deadline: float) -> None:
+        async with httpx.AsyncClient(base_url=api.base, headers=headers, timeout=60) as client:
+            while time.perf_counter() < deadline:
+                content = body()
+                start = time.perf_counter()
+                response = await client.post(path, content=content)
+                latencies.append(time.perf_counter() - start)
+                if response.status_code not in (200, 202):
+                    raise RuntimeError(f"{path} answered {response.status_code}: {response.text[:300]}")
+                if batch > 1:
+                    results = response.json()["results"]
+                    if any(result["status"] != "accepted" for result in results):
+                        raise RuntimeError(f"a batch event was not accepted: {results}")
+                events[0] += batch
+                accepted_total[0] += batch
+
+    await asyncio.gather(*(producer(time.perf_counter() + 1.0) for _ in range(producers)))  # warm-up
+    latencies.clear()
+    events[0] = 0
+    cpu = cpu_seconds(api.pid)
+    start = time.perf_counter()
+    await asyncio.gather(*(producer(start + seconds) for _ in range(producers)))
+    elapsed = time.perf_counter() - start
+    return Row(label, events[0], elapsed, latencies, cpu_seconds(api.pid) - cpu)
+
+
+def prepare(url: str) -> None:
+    engine = db.make_engine(url)
+    try:
+        db.upgrade(engine)
+        with db.session(engine) as session:
+            for number in range(SUBSCRIPTIONS):
+                session.add(Subscription(url=f"http://127.0.0.1:9/hook/{number}"))
+            session.commit()
+    finally:
+        engine.dispose()
+
+
+def count(url: str) -> tuple[int, int]:
+    engine = db.make_engine(url)
+    try:
+        with engine.connect() as connection:
+            events = connection.execute(sa.text("SELECT count(*) FROM usp_events")).scalar_one()
+            deliveries = connection.execute(sa.text("SELECT count(*) FROM usp_deliveries")).scalar_one()
+            return int(events), int(deliveries)
+    finally:
+        engine.dispose()
+
+
+def flush(url: str) -> None:
+    client = redis.Redis.from_url(url)
+    try:
+        client.flushdb()
+    finally:
+        client.close()
+
+
+@contextmanager
+def database(args: argparse.Namespace, folder: Path) -> Iterator[str]:
+    if args.database == "sqlite":
+        yield f"sqlite:///{folder / 'ingest.sqlite3'}"
+        return
+    schema = f"usp_bench_{uuid.uuid4().hex[:10]}"
+    admin = sa.create_engine(args.postgres_url)
+    try:
+        with admin.begin() as connection:
+            connection.execute(sa.text(f'CREATE SCHEMA "{schema}"'))
+        yield (
+            sa.make_url(args.postgres_url)
+            .update_query_dict({"options": f"-csearch_path={schema}"})
+            .render_as_string(hide_password=False)
+        )
+    finally:
+        with admin.begin() as connection:
+            connection.execute(sa.text(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE'))
+        admin.dispose()
+
+
+if __name__ == "__main__":
+    main()
