@@ -26,7 +26,7 @@ from sqlmodel import Session, col, func, select
 from usp_schemas import EventValidationError, WebhookEvent, parse_event
 from usp_workers import db
 from usp_workers.models import Delivery, EventRecord
-from usp_workers.outbox import emit
+from usp_workers.outbox import emit, unflushed_deliveries
 
 from .errors import Conflict
 
@@ -105,6 +105,7 @@ def _record(session: Session, parsed: Sequence[WebhookEvent | EventValidationErr
     models = [model for model in parsed if not isinstance(model, EventValidationError)]
     stored = _stored_payloads(session, [model.event_id for model in models])
     now: dict[str, str] = {}  # the payload of each id first seen in this group
+    emitted: dict[str, int] = {}  # deliveries of each event recorded now
     outcomes: list[Outcome] = []
     for model in parsed:
         if isinstance(model, EventValidationError):
@@ -113,8 +114,10 @@ def _record(session: Session, parsed: Sequence[WebhookEvent | EventValidationErr
         payload = model.model_dump_json()
         earlier = stored.get(model.event_id, now.get(model.event_id))
         if earlier is None:
+            before = unflushed_deliveries(session)
             emit(session, model)
             now[model.event_id] = payload
+            emitted[model.event_id] = unflushed_deliveries(session) - before
             outcomes.append(Outcome(Status.ACCEPTED, model.event_id))
         elif earlier == payload:
             outcomes.append(Outcome(Status.DUPLICATE, model.event_id))
@@ -125,8 +128,9 @@ def _record(session: Session, parsed: Sequence[WebhookEvent | EventValidationErr
                 "an event_id names one event forever (send a new event_id for a new change)",
             )
             outcomes.append(Outcome(Status.CONFLICT, model.event_id, problem=conflict))
-    session.flush()
-    counts = _delivery_counts(session, [o.event_id for o in outcomes if o.status is not Status.INVALID])
+    # The deliveries of events recorded before (a duplicate's answer repeats them): one query.
+    known = [o.event_id for o in outcomes if o.event_id is not None and o.event_id not in emitted]
+    counts = emitted | _delivery_counts(session, known)
     session.commit()
     return [
         Outcome(o.status, o.event_id, counts.get(o.event_id, 0), o.problem) if o.event_id else o
@@ -141,7 +145,7 @@ def _stored_payloads(session: Session, event_ids: list[str]) -> dict[str, str]:
     return dict(session.exec(statement).all())
 
 
-def _delivery_counts(session: Session, event_ids: list[Any]) -> dict[str, int]:
+def _delivery_counts(session: Session, event_ids: list[str]) -> dict[str, int]:
     if not event_ids:
         return {}
     statement = (
@@ -161,7 +165,7 @@ class Intake:
     the broker) are paid once per group instead of once per event.
     """
 
-    def __init__(self, engine: Engine, *, max_group: int = 500, max_transactions: int = 2) -> None:
+    def __init__(self, engine: Engine, *, max_group: int = 500, max_transactions: int = 1) -> None:
         self._engine = engine
         self._max_group = max_group
         self._max_transactions = max_transactions

@@ -213,6 +213,12 @@ def _insert_after_flush(session: Session, rows: list[dict[str, Any]]) -> None:
     session.info.setdefault(_ROWS_KEY, []).extend(rows)
 
 
+def unflushed_deliveries(session: Session) -> int:
+    """Deliveries ``emit`` added in ``session`` that its next flush will insert: the difference
+    across one ``emit`` is that event's delivery count, known without a query."""
+    return len(session.info.get(_ROWS_KEY, ()))
+
+
 def _insert_deliveries(session: Session, _context: Any) -> None:
     rows: list[dict[str, Any]] = session.info.pop(_ROWS_KEY, [])
     if rows:
