@@ -36,7 +36,6 @@ import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
 
 import httpx
 import redis
@@ -110,7 +109,7 @@ def main() -> None:
     if stored != (accepted, accepted * SUBSCRIPTIONS):
         raise SystemExit(f"lost events: accepted {accepted}, stored (events, deliveries) {stored}")
     table = Table(title=f"POST /events, one API process, {args.database}, {args.producers} producers")
-    columns = ("form", "events", "events/s", "p50 request", "p99 request", "API CPU/event", "producers' CPU/event")
+    columns = ("form", "events", "events/s", "p50 request", "p99 request", "API CPU/event", "producers' CPU")
     for column in columns:
         table.add_column(column, justify="left" if column == "form" else "right")
     for row in rows:
@@ -197,8 +196,8 @@ class Connection:
         head = await self._reader.readuntil(b"\r\n\r\n")
         lines = head.decode("latin-1").split("\r\n")
         status = int(lines[0].split()[1])
-        length = next(int(line.split(":", 1)[1]) for line in lines if line.lower().startswith("content-length:"))
-        return status, await self._reader.readexactly(length)
+        sizes = [line.split(":", 1)[1] for line in lines if line.lower().startswith("content-length:")]
+        return status, await self._reader.readexactly(int(sizes[0]))
 
     def close(self) -> None:
         self._writer.close()
