@@ -101,7 +101,7 @@ def create_app(
     app.include_router(admin.router)
     app.include_router(ucap_routes.router)
     app.include_router(ucap_routes.admin_router)
-    mcp_endpoint = mount_mcp(app, resolved)
+    mcp_endpoint = mount_mcp(app, resolved, session_idle_timeout=resolved.mcp_session_idle_seconds)
     return app
 
 

@@ -170,6 +170,12 @@ class Settings(BaseSettings):
     booking_credential_ttl_seconds: int = Field(
         default=2_592_000, gt=0, description="lifetime of an issued booking_scoped_credential (30 days)"
     )
+    mcp_session_idle_seconds: float = Field(
+        default=300.0,
+        gt=0,
+        description="an MCP session with no request in flight for this long is closed and its memory "
+        "freed (an open notification stream counts as a request); its client opens a new one",
+    )
 
     @field_validator("retry_schedule", "private_target_allowlist", "auth_mechanisms", mode="before")
     @classmethod

@@ -4,6 +4,8 @@ PostgreSQL alike (``database_url`` of the dispatcher's conftest)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import httpx
 import pytest
 from fastapi import FastAPI
@@ -71,8 +73,18 @@ def globex_key(engine: Engine, base_url: str) -> str:
 
 
 @pytest.fixture
-def business_keys(base_url: str) -> JWKS:
+def business_keys(base_url: str, business_keys_for: Callable[[str], JWKS]) -> JWKS:
     """What a platform trusts: the JWKS the business publishes."""
-    response = httpx.get(f"{base_url}/.well-known/usp/jwks.json")
-    response.raise_for_status()
-    return JWKS.from_json(response.content)
+    return business_keys_for(base_url)
+
+
+@pytest.fixture
+def business_keys_for() -> Callable[[str], JWKS]:
+    """The JWKS a server at a base URL publishes (for tests that start their own server)."""
+
+    def fetch(base_url: str) -> JWKS:
+        response = httpx.get(f"{base_url}/.well-known/usp/jwks.json")
+        response.raise_for_status()
+        return JWKS.from_json(response.content)
+
+    return fetch

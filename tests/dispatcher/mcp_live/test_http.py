@@ -4,23 +4,32 @@ official MCP client (stateful sessions), each verifying and deduplicating what i
 
 from __future__ import annotations
 
+import gc
+from collections.abc import Callable
 from typing import Any
 
+import anyio
 import httpx
+import httpx2
 import pytest
+from mcp.client.client import Client
+from mcp.client.streamable_http import streamable_http_client
 from sqlalchemy.engine import Engine
 
 from usp_dispatcher import access
+from usp_dispatcher.app import create_app
 from usp_dispatcher.mcp.http import MCPEndpoint
 from usp_receiver import JWKS
 from usp_workers import db
 
+from ..conftest import MakeSettings, Serve
 from ..mcp.support import OTHER_PROFILE, PROFILE, book, free_slots, ok, usp
 from .support import Platform, connect, emit, proxied, wait_until
 
 pytestmark = pytest.mark.anyio
 
 HOOK = "http://127.0.0.1:9/hooks"  # the platform's REST receiver (never reached here)
+ACCEPT = "application/json, text/event-stream"
 
 
 async def subscribe(
@@ -288,3 +297,47 @@ async def test_revoking_the_platforms_api_key_stops_the_pushes_to_its_open_sessi
         await wait_until(lambda: hub.session_keys == frozenset())
     assert platform.event_ids == [before]
     assert after not in platform.event_ids
+
+
+async def test_an_abandoned_session_is_closed_once_idle_and_a_listening_one_is_not(
+    make_settings: MakeSettings, serve: Serve, engine: Engine, business_keys_for: Callable[[str], JWKS]
+) -> None:
+    """``USP_MCP_SESSION_IDLE_SECONDS``: a session its client left without ``DELETE`` is closed
+    once nothing was in flight for that long, and its memory (transport, replay store) goes with
+    it; a session whose notification stream is open is in flight, so it stays."""
+    app = create_app(make_settings(mcp_session_idle_seconds=1.0))
+    base_url = serve(app)
+    endpoint: MCPEndpoint = app.state.mcp
+    running = endpoint._running
+    assert running is not None
+    manager = running.manager
+    with db.session(engine) as session:
+        key = access.issue_api_key(session, "acme")
+    url = f"{base_url}/mcp"
+
+    headers = {"Authorization": f"Bearer {key}"}
+    async with httpx2.AsyncClient(headers=headers, timeout=30) as http:
+        transport = streamable_http_client(url, http_client=http, terminate_on_close=False)
+        async with Client(transport, mode="legacy") as abandoned:
+            await ok(abandoned, "usp_catalog_list", {})
+            (abandoned_id,) = manager._server_instances
+    assert manager.session_alive(abandoned_id)  # no DELETE was sent
+
+    listener = Platform(business_keys_for(base_url))
+    async with connect(url, listener, key=key) as listening:
+        await subscribe(listening)
+        await wait_until(lambda: not manager.session_alive(abandoned_id))
+        (listening_id,) = manager._server_instances
+        await anyio.sleep(2.0)  # twice the idle timeout, with only the notification stream open
+        assert manager.session_alive(listening_id)
+        pushed = emit(engine, "booking.created", audience=PROFILE)
+        await listener.wait_for(pushed)
+    gc.collect()
+    assert abandoned_id not in manager._stores  # its replay buffer was freed with it
+    async with httpx.AsyncClient() as http:
+        response = await http.post(
+            url,
+            headers=headers | {"Mcp-Session-Id": abandoned_id, "Accept": ACCEPT},
+            json={"jsonrpc": "2.0", "id": 1, "method": "tools/list"},
+        )
+    assert response.status_code == 404
