@@ -10,14 +10,22 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 
-__all__ = ["ApiProcess", "api_server", "cpu_seconds", "open_files", "rss_bytes"]
+__all__ = [
+    "ApiProcess",
+    "api_server",
+    "cpu_seconds",
+    "group_open_files",
+    "group_rss_bytes",
+    "open_files",
+    "rss_bytes",
+]
 
 _TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
@@ -45,6 +53,34 @@ def rss_bytes(pid: int) -> int:
 def open_files(pid: int) -> int:
     """File descriptors ``pid`` holds (sockets included)."""
     return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+def group_pids(pgid: int) -> list[int]:
+    """The live processes of process group ``pgid`` (a worker's children included)."""
+    pids = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rpartition(")")[2].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid:
+            pids.append(int(stat.parent.name))
+    return pids
+
+
+def group_rss_bytes(pgid: int) -> int:
+    return sum(_or_zero(rss_bytes, pid) for pid in group_pids(pgid))
+
+
+def group_open_files(pgid: int) -> int:
+    return sum(_or_zero(open_files, pid) for pid in group_pids(pgid))
+
+
+def _or_zero(measure: Callable[[int], int], pid: int) -> int:
+    try:
+        return measure(pid)
+    except OSError:  # it exited meanwhile
+        return 0
 
 
 @contextmanager
