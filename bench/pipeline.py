@@ -567,10 +567,59 @@ def emit_paced(engine: Engine, rate: float, seconds: float, subjects: int) -> di
     return committed
 
 
-def succeeded(engine: Engine) -> int:
+def unsettled(engine: Engine) -> int:
+    """Deliveries still pending or in flight (the due index answers: cheap beside a preload)."""
     with Session(engine) as s:
-        statement = select(func.count()).where(col(Delivery.status) == DeliveryStatus.SUCCEEDED.value)
+        open_states = [DeliveryStatus.PENDING.value, DeliveryStatus.IN_FLIGHT.value]
+        statement = select(func.count()).where(col(Delivery.status).in_(open_states))
         return int(s.exec(statement).one())
+
+
+RETENTION_DAYS = 30
+
+
+def preload(engine: Engine, count: int, subscription_id: str, *, purge: bool) -> None:
+    """Fill the tables with ``count`` delivered events, each with its succeeded delivery and one
+    attempt, before anything is measured (PostgreSQL only: ``generate_series``). Their times
+    spread over the 25 days before now, or, with ``purge``, over the 25 days before the retention
+    cutoff, so the scheduler deletes all of them during the measurement."""
+    if engine.dialect.name != "postgresql":
+        raise SystemExit("--preload needs PostgreSQL")
+    end = utcnow() - (timedelta(days=RETENTION_DAYS + 1) if purge else timedelta(hours=1))
+    begin = end - timedelta(days=25)
+    payload = json.dumps(about(event_body(), "evt_preload", "2026-01-01T00:00:00Z", 0, SUBJECTS))
+    # The n-th preloaded row of every table, numbered by a series: (g, n = g zero-padded, its time t).
+    rows = (
+        "FROM (SELECT g, lpad(g::text, 12, '0') AS n, "
+        "CAST(:begin AS timestamptz) + (g * CAST(:step AS float8)) * interval '1 second' AS t "
+        "FROM generate_series(1, :count) AS g) AS numbered"
+    )
+    statements = [
+        "INSERT INTO usp_events (id, event_type, subject_id, occurred_at, created_at, payload) "
+        "SELECT 'evt_preload_' || n, 'booking.confirmed', 'bkg_' || (g % 1000), t, t, :payload " + rows,
+        "INSERT INTO usp_deliveries (id, event_id, subscription_id, status, attempt_count, next_attempt_at, "
+        "enqueued_at, last_status_code, created_at, updated_at, completed_at) "
+        "SELECT 'dlv_preload_' || n, 'evt_preload_' || n, :subscription, 'succeeded', 1, t, t, 204, t, t, t "
+        + rows,
+        "INSERT INTO usp_attempts "
+        "(delivery_id, attempt_number, started_at, duration_ms, status_code, outcome) "
+        "SELECT 'dlv_preload_' || n, 1, t, 12.5, 204, 'succeeded' " + rows,
+    ]
+    step = (end - begin).total_seconds() / count
+    values = {
+        "begin": begin,
+        "step": step,
+        "count": count,
+        "payload": payload,
+        "subscription": subscription_id,
+    }
+    started = time.monotonic()
+    with engine.begin() as connection:
+        for statement in statements:
+            connection.execute(sa.text(statement), values)
+    with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as connection:
+        connection.execute(sa.text("VACUUM ANALYZE"))
+    print(f"  preloaded {count:,} delivered events in {time.monotonic() - started:.0f} s")
 
 
 def run_config(config: Config, args: argparse.Namespace, folder: Path) -> Result:
@@ -590,6 +639,9 @@ def run_config(config: Config, args: argparse.Namespace, folder: Path) -> Result
             "relay_interval_seconds": 0.5,
             "key_publish_lead_seconds": 0.0,
             "handoff_interval_seconds": args.handoff_interval,
+            # A preload dated within the retention window is kept; --purge dates it past the
+            # window, so the scheduler prunes it while the bench measures.
+            "retention_days": RETENTION_DAYS,
         }
         settings = Settings(_env_file=None, **fields)
         env = {k: v for k, v in os.environ.items() if not k.startswith("USP_")}
@@ -612,8 +664,11 @@ def run_config(config: Config, args: argparse.Namespace, folder: Path) -> Result
             receiver.wait_ready(stack.start("receiver", receiver_argv, env, folder))
             ordering = Ordering.SUBJECT if config.ordered else Ordering.NONE
             with session(engine) as s:
-                s.add(Subscription(url=f"{receiver.base}/hook", ordering=ordering))
+                subscription = Subscription(url=f"{receiver.base}/hook", ordering=ordering)
+                s.add(subscription)
                 s.commit()
+            if args.preload:
+                preload(engine, args.preload, subscription.id, purge=args.purge)
             celery = start_workers(config, args, stack, env, folder)
             if celery is not None:
                 outbox.set_enqueuer(lambda ids: _send_naive(celery, ids))
@@ -687,7 +742,7 @@ def measure(
     result.seconds = finished - started
     result.rate = len(committed) / result.seconds
     deadline = time.monotonic() + 30
-    while succeeded(engine) < len(committed) and time.monotonic() < deadline:
+    while unsettled(engine) and time.monotonic() < deadline:
         time.sleep(0.1)  # the 2xx is in; the batch records it a moment later
     stats = receiver.stats()
     result.duplicates = stats["posts"] - stats["unique"]
@@ -871,6 +926,17 @@ def main() -> None:
     parser.add_argument("--amqp-url", default=DEFAULT_AMQP, help="the RabbitMQ of the rabbitmq row")
     parser.add_argument("--subjects", type=int, default=SUBJECTS, help="bookings the events are about")
     parser.add_argument("--postgres-url", default=DEFAULT_POSTGRES)
+    parser.add_argument(
+        "--preload",
+        type=int,
+        default=0,
+        help="delivered events (with attempts) in the tables before measuring",
+    )
+    parser.add_argument(
+        "--purge",
+        action="store_true",
+        help="date the preload past retention: the scheduler prunes it meanwhile",
+    )
     parser.add_argument("--keep", action="store_true", help="keep the logs folder")
     parser.add_argument(
         "--timeline", action="store_true", help="print the paced phase's latency by second and stage"

@@ -116,3 +116,50 @@ def test_a_closed_hand_off_refuses_more(handoff: HandOff, published: Published) 
     with pytest.raises(RuntimeError, match="closed"):
         handoff(["dlv_1"])
     assert published.batches == []
+
+
+def test_with_no_backlog_every_commit_goes_at_once_and_a_backlog_brings_the_wait_back(
+    published: Published,
+) -> None:
+    """Adaptive: while the broker holds nothing the workers have not taken, waiting only adds
+    latency, so each commit is published at once; once messages wait, commits are coalesced."""
+    waiting = [0]
+    looks: list[int] = []
+
+    def backlog() -> int:
+        looks.append(waiting[0])
+        return waiting[0]
+
+    handoff = HandOff(published, interval=60.0, batch_size=50, backlog=backlog)
+    try:
+        handoff(["dlv_1"])
+        published.wait_for(1)
+        handoff(["dlv_2"])
+        assert published.wait_for(2)[1] == ["dlv_2"], "no backlog: not held for the interval"
+        waiting[0] = 3
+        handoff(["dlv_3"])
+        published.wait_for(3)  # it was not busy at the last look: at once, and now it looks again
+        handoff(["dlv_4"])
+        handoff(["dlv_5"])
+        time.sleep(0.2)
+        assert len(published.batches) == 3, "a backlog: held for the interval"
+        assert handoff.flush(SOON)
+        assert published.batches[3] == ["dlv_4", "dlv_5"]
+        assert looks[:3] == [0, 0, 3], "it looks after every publish"
+    finally:
+        handoff.close()
+
+
+def test_a_backlog_that_cannot_be_read_means_coalescing(published: Published) -> None:
+    def broken() -> int:
+        raise ConnectionError("broker down")
+
+    handoff = HandOff(published, interval=60.0, batch_size=50, backlog=broken)
+    try:
+        handoff(["dlv_1"])
+        published.wait_for(1)
+        handoff(["dlv_2"])
+        time.sleep(0.2)
+        assert published.batches == [["dlv_1"]]
+    finally:
+        handoff.close()

@@ -29,7 +29,7 @@ from usp_workers.models import Delivery, EventRecord
 from usp_workers.settings import Settings
 
 from .conftest import MakeSettings
-from .support import add_subscription, booking_event, delivery, emit_event
+from .support import Pipeline, add_subscription, booking_event, delivery, emit_event
 
 
 @pytest.fixture(autouse=True)
@@ -200,3 +200,20 @@ def test_a_rolled_back_emit_writes_nothing_and_hands_off_nothing(database: Engin
     assert len(kept_ids) == 1
     assert dropped_ids == []
     assert handed == [kept_ids]
+
+
+@pytest.mark.parametrize(
+    "pipeline",
+    [("redis", "sqlite"), ("embedded", "sqlite"), ("amqp", "sqlite")],
+    ids=["redis", "embedded", "rabbitmq"],
+    indirect=True,
+)
+def test_waiting_messages_counts_what_no_worker_took(pipeline: Pipeline) -> None:
+    """The hand-off's load signal, on every broker: an empty (or never declared) queue is 0."""
+    celery = make_celery(pipeline.settings)
+    assert tasks.waiting_messages(celery) == 0
+    tasks.enqueue_deliveries([f"dlv_{n}" for n in range(3)], app=celery)
+    deadline = time.monotonic() + 10  # RabbitMQ's count follows its queue a moment later
+    while tasks.waiting_messages(celery) != 1 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert tasks.waiting_messages(celery) == 1  # one message of three ids (batch_size is 50)

@@ -53,6 +53,8 @@ __all__ = ["HandOff"]
 logger = logging.getLogger("usp_workers")
 
 Publish = Callable[[Sequence[str]], None]
+#: How many delivery messages wait in the broker, not yet taken by a worker.
+Backlog = Callable[[], int]
 
 
 class HandOff:
@@ -67,10 +69,13 @@ class HandOff:
     ['dlv_1', 'dlv_2']
     """
 
-    def __init__(self, publish: Publish, *, interval: float, batch_size: int) -> None:
+    def __init__(
+        self, publish: Publish, *, interval: float, batch_size: int, backlog: Backlog | None = None
+    ) -> None:
         self.publish = publish
         self.interval = interval
         self.batch_size = batch_size
+        self.backlog = backlog
         self._reset()
 
     def _reset(self) -> None:
@@ -81,6 +86,9 @@ class HandOff:
         self._closed = False
         self._flushing = 0  #: flushes waiting: send without waiting for the interval
         self._last_sent = float("-inf")
+        #: The broker held messages no worker had taken at the last look: the workers are all
+        #: busy, so commits wait for each other. Without a ``backlog`` to look at: always.
+        self._busy = self.backlog is None
         self._thread: threading.Thread | None = None
 
     def __call__(self, delivery_ids: Sequence[str]) -> None:
@@ -139,10 +147,22 @@ class HandOff:
                 BROKER_OUTAGE.failed(exc)
             else:
                 BROKER_OUTAGE.succeeded()
+                self._look_at_backlog()
             finally:
                 with self._lock:
                     self._publishing = False
                     self._lock.notify_all()
+
+    def _look_at_backlog(self) -> None:
+        if self.backlog is None:
+            return
+        try:
+            busy = self.backlog() > 0
+        except Exception:
+            logger.debug("could not read the broker's backlog; coalescing meanwhile", exc_info=True)
+            busy = True
+        with self._lock:
+            self._busy = busy
 
     def _next_batch(self) -> list[str] | None:
         """Wait (holding the lock) until something may be sent; take it. ``None``: closed."""
@@ -151,7 +171,7 @@ class HandOff:
                 now = time.monotonic()
                 due = self._last_sent + self.interval
                 full = len(self._pending) - len(self._pending) % self.batch_size
-                if now >= due or self._closed or self._flushing > 0:
+                if now >= due or not self._busy or self._closed or self._flushing > 0:
                     taken, self._pending = self._pending, []
                 elif full:
                     taken, self._pending = self._pending[:full], self._pending[full:]

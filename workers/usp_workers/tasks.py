@@ -234,7 +234,12 @@ def install_enqueuer(settings: Settings) -> Celery:
     celery = make_celery(settings)
     publish = enqueuer(celery)
     handoff = (
-        HandOff(publish, interval=settings.handoff_interval_seconds, batch_size=settings.batch_size)
+        HandOff(
+            publish,
+            interval=settings.handoff_interval_seconds,
+            batch_size=settings.batch_size,
+            backlog=partial(waiting_messages, celery),
+        )
         if settings.handoff_interval_seconds > 0
         else None
     )
@@ -279,6 +284,17 @@ def _close(celery: Celery | None, handoff: HandOff | None) -> None:
         handoff.close()
     if celery is not None:
         celery.close()
+
+
+def waiting_messages(celery: Celery) -> int:
+    """Delivery messages in the broker that no worker has taken yet (on Redis and the embedded
+    broker an empty queue does not exist, and a passive declare of it fails: none wait)."""
+    with celery.pool.acquire(block=True) as connection:
+        try:
+            declared = connection.default_channel.queue_declare(queue=QUEUE, passive=True)
+        except connection.channel_errors:
+            return 0
+        return int(declared.message_count)
 
 
 def enqueuer(celery: Celery) -> outbox.Enqueue:
