@@ -1,35 +1,16 @@
-"""Coalesce the deliveries of many small commits into few, fuller broker messages.
+"""Hand committed deliveries to the broker: at once while the workers keep up, coalesced while
+they do not.
 
-An API commits a few events per request, and each commit used to publish its own
-``usp.deliver`` task of a few deliveries. A task's cost is mostly fixed (Celery's publish,
-reserve and acknowledge; the claim and record transactions; the hand-over to the event loop:
-~5 ms of CPU in all, against ~0.45 ms per delivery), so at a steady few hundred deliveries a
-second the fleet spent most of its CPU on task overhead, and the queueing that followed was the
-latency tail. Measured with ``bench/pipeline.py`` (Redis + PostgreSQL, 2 cores, ~850 events/s):
-transactions of 8 events every 10 ms, one task each, kept 1.85 cores busy (p99 100-160 ms);
-the same rate in tasks of ~25 kept 1.31 busy (p99 27 ms).
-
-:class:`HandOff` is Nagle's algorithm for that hand-off: a commit's deliveries go to the broker
-at once when the previous hand-off is at least ``interval`` old (an idle or lightly loaded
-service adds no delay), otherwise they wait, with every commit made meanwhile, until ``interval``
-after it; full batches of ``batch_size`` never wait. So no delivery waits longer than
-``interval``, and under load one message carries every commit of an ``interval``.
-
-The default interval (``handoff_interval_seconds``, 30 ms) is measured, not guessed: in eight
-pairs of bench runs (20 ms, then 30 ms, minutes apart), 30 ms had the lower p99 at half load in
-the seven made while the machine was busy (47-95 ms against 59-249 ms), at about the same p50
-(the shorter queue pays for the wait); on a quiet machine 20 ms did a little better (p99 35-40
-ms against 47). Re-measured once claim and record had become one statement each: 10 ms halves
-p50 on Redis (16-25 ms against 30-47), but p99 was lower in only about half of the interleaved pairs
-(5 of 9), the workers spend 20-60% more CPU per delivery at half load, and on the embedded
-broker (a SQLite write per message) p99 doubled. Measured again on a faster machine, with the
-start-up heap frozen (:mod:`usp_workers.heap`), two pairs each: at half load 20 ms had p99 30.5
-ms against 41-42, but at 85% load 319-330 ms against 129-174; sending at once whenever 16
-deliveries wait did the same, measured there before the freeze (23-26 ms against 39-46 at half
-load, 55-334 against 69-119 at 85%). Shorter waits buy the quiet case's latency with the busy
-case's CPU, so 30 ms stays. Adapting to the load needs a signal of the workers' backlog, which
-the committing process does not have: with one prefetched message per worker thread the
-broker's queue stays empty until every thread is busy.
+A task's cost is mostly fixed (Celery's publish, reserve and acknowledge; the claim and record
+transactions), so under load one message per small commit spends the fleet's CPU on overhead,
+and fuller messages are cheaper. But waiting to fill them costs latency that only pays off when
+the workers are behind. :class:`HandOff` publishes a commit's deliveries at once, and after each
+publish looks at the broker's backlog (messages no worker has taken: with one prefetched message
+per worker thread there are none while any thread is free); while there is one, commits wait
+together until ``interval`` after the last hand-off (Nagle's algorithm), and full batches of
+``batch_size`` never wait. Measured with bench/pipeline.py (Redis + PostgreSQL, 2 cores): at half
+the saturated rate, p50 25 → 9 ms and p99 38 → 20 ms against always coalescing for 30 ms, at the
+same saturated throughput. See docs/scaling.md.
 
 Nothing is lost by waiting in memory: every delivery was committed already marked
 ``enqueued_at``, so if this process dies before the hand-off the relay re-sends it after
@@ -59,7 +40,8 @@ Backlog = Callable[[], int]
 
 class HandOff:
     """An :data:`~usp_workers.outbox.Enqueue` that publishes through ``publish`` on a thread of
-    its own, at most one partial batch per ``interval`` seconds (see the module docstring).
+    its own: at once while ``backlog()`` was 0 at the last look, else at most one partial batch
+    per ``interval`` seconds (no ``backlog``: always the latter).
 
     >>> sent = []
     >>> handoff = HandOff(sent.append, interval=0.02, batch_size=50)

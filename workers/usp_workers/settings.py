@@ -91,9 +91,10 @@ class Settings(BaseSettings):
     handoff_interval_seconds: float = Field(
         default=0.03,
         ge=0,
-        description="a commit's deliveries go to the broker at once when the last hand-off is this old, "
-        "else with the commits made until then (fuller tasks under load; a full batch never waits); "
-        "0: every commit publishes on the committing thread",
+        description="while messages wait in the broker that no worker has taken (the workers are "
+        "behind), a commit's deliveries wait up to this long to go with the commits made meanwhile "
+        "(fuller tasks cost less CPU; a full batch never waits); otherwise they go at once; 0: every "
+        "commit publishes on the committing thread",
     )
     per_endpoint_concurrency: int = Field(
         default=8, ge=1, description="concurrent requests to one endpoint per worker"
