@@ -33,17 +33,15 @@ import statistics
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 
 import httpx
-import redis
 import sqlalchemy as sa
 from rich.console import Console
 from rich.table import Table
 
 from bench.api_process import ApiProcess, api_server, cpu_seconds
+from bench.pipeline import database, empty_broker
 from usp_schemas import BOOKING_CONFIRMED_EXAMPLE, new_event_id
 from usp_workers import db
 from usp_workers.models import Subscription
@@ -86,9 +84,12 @@ def main() -> None:
         help="broker; this Redis database is flushed before and after",
     )
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory(prefix="usp-ingest-") as folder, database(args, Path(folder)) as url:
+    with (
+        tempfile.TemporaryDirectory(prefix="usp-ingest-") as folder,
+        database(args.database, Path(folder), args.postgres_url) as url,
+    ):
         prepare(url)
-        flush(args.redis_url)
+        empty_broker("redis", args.redis_url)
         env = {
             "USP_DATABASE_URL": url,
             "USP_ADMIN_TOKEN": ADMIN_TOKEN,
@@ -104,7 +105,7 @@ def main() -> None:
                 ]
             stored = count(url)
         finally:
-            flush(args.redis_url)
+            empty_broker("redis", args.redis_url)
     accepted = accepted_total[0]
     if stored != (accepted, accepted * SUBSCRIPTIONS):
         raise SystemExit(f"lost events: accepted {accepted}, stored (events, deliveries) {stored}")
@@ -224,35 +225,6 @@ def count(url: str) -> tuple[int, int]:
             return int(events), int(deliveries)
     finally:
         engine.dispose()
-
-
-def flush(url: str) -> None:
-    client = redis.Redis.from_url(url)
-    try:
-        client.flushdb()
-    finally:
-        client.close()
-
-
-@contextmanager
-def database(args: argparse.Namespace, folder: Path) -> Iterator[str]:
-    if args.database == "sqlite":
-        yield f"sqlite:///{folder / 'ingest.sqlite3'}"
-        return
-    schema = f"usp_bench_{uuid.uuid4().hex[:10]}"
-    admin = sa.create_engine(args.postgres_url)
-    try:
-        with admin.begin() as connection:
-            connection.execute(sa.text(f'CREATE SCHEMA "{schema}"'))
-        yield (
-            sa.make_url(args.postgres_url)
-            .update_query_dict({"options": f"-csearch_path={schema}"})
-            .render_as_string(hide_password=False)
-        )
-    finally:
-        with admin.begin() as connection:
-            connection.execute(sa.text(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE'))
-        admin.dispose()
 
 
 if __name__ == "__main__":

@@ -66,6 +66,8 @@ from rich.table import Table
 from sqlalchemy.engine import Engine
 from sqlmodel import Session, col, func, select
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # for bench.api_process
+from bench.api_process import cpu_seconds, group_pids
 from usp_receiver import SigningKey, sign_request
 from usp_schemas import BOOKING_CONFIRMED_EXAMPLE, new_event_id
 from usp_workers import outbox, store, tasks
@@ -346,21 +348,9 @@ class Stack:
         self.processes.clear()
 
 
-_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
-
-
 def group_cpu_seconds(pgid: int) -> float:
     """CPU seconds of the live processes in process group ``pgid`` (Linux ``/proc``; 0 elsewhere)."""
-    total = 0
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rpartition(")")[2].split()
-        except OSError:
-            continue
-        # After the command: state ppid pgrp session ... utime(12th) stime(13th).
-        if int(fields[2]) == pgid:
-            total += int(fields[11]) + int(fields[12])
-    return total / _TICKS
+    return sum(_cpu_of(pid) for pid in group_pids(pgid))
 
 
 APP_NAME = "usp-bench"
@@ -380,10 +370,9 @@ def postgres_cpu(engine: Engine) -> dict[int, float]:
 
 def _cpu_of(pid: int) -> float:
     try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
-    except OSError:
+        return cpu_seconds(pid)
+    except OSError:  # it exited meanwhile
         return 0.0
-    return (int(fields[11]) + int(fields[12])) / _TICKS
 
 
 def free_port() -> int:
