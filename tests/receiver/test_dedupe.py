@@ -18,11 +18,12 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import anyio.abc
 import pytest
 import redis
 import sqlalchemy as sa
 
-from usp_receiver.dedupe import Claim, ClaimState, DedupeStore, MemoryDedupe
+from usp_receiver.dedupe import Claim, ClaimState, DedupeStore, MemoryDedupe, Processed, process_once
 from usp_receiver.dedupe.redis import RedisDedupe
 from usp_receiver.dedupe.sql import SqlDedupe
 
@@ -762,3 +763,36 @@ def _default(function: Callable[..., Any], name: str) -> Any:
     import inspect
 
     return inspect.signature(function).parameters[name].default
+
+
+@pytest.mark.anyio
+async def test_redis_async_line_times_out_on_a_server_that_never_answers() -> None:
+    """A Redis that accepts and then says nothing (a hung server, a black-holing proxy): the
+    claim fails within ``socket_timeout`` and ``process_once`` reports the store unavailable, so
+    the receiver answers a retryable error instead of hanging the sender's request."""
+    accepted: list[anyio.abc.SocketStream] = []
+
+    async def hold(stream: anyio.abc.SocketStream) -> None:
+        accepted.append(stream)
+        await anyio.sleep_forever()
+
+    listener = await anyio.create_tcp_listener(local_host="127.0.0.1")
+    port = listener.extra(anyio.abc.SocketAttribute.local_port)  # noqa: S610 (anyio, not Django)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(listener.serve, hold)
+        store = RedisDedupe(url=f"redis://127.0.0.1:{port}/0?socket_timeout=0.3", prefix="p:")
+        ran: list[int] = []
+
+        async def work() -> None:
+            ran.append(1)
+
+        started = time.monotonic()
+        assert await process_once(store, "evt", work) is Processed.UNAVAILABLE
+        assert time.monotonic() - started < 5
+        assert ran == []
+        assert accepted, "it did connect"
+        await store.aclose()
+        tg.cancel_scope.cancel()
+    for stream in accepted:
+        await stream.aclose()
+    await listener.aclose()

@@ -3,9 +3,7 @@ errors, integers and bulk strings back)."""
 
 from __future__ import annotations
 
-import asyncio
-
-__all__ = ["ReplyError", "bulks", "pack", "read_reply"]
+__all__ = ["ReplyError", "bulks", "pack", "parse"]
 
 
 class ReplyError(Exception):
@@ -30,18 +28,25 @@ def bulks(*args: str | int | bytes) -> bytes:
     return b"".join(parts)
 
 
-async def read_reply(reader: asyncio.StreamReader) -> bytes | int | ReplyError | None:
-    """One reply; an error reply is returned, not raised, so the caller can tell it from a broken
-    stream (which raises: ``IncompleteReadError``, ``ConnectionError``, ``ValueError``)."""
-    line = await reader.readuntil(b"\r\n")
-    kind, rest = line[:1], line[1:-2]
+def parse(buffer: bytes, start: int = 0) -> tuple[bytes | int | ReplyError | None, int] | None:
+    """The reply at ``start`` in ``buffer`` and where the next one starts; ``None`` while it is
+    incomplete. An error reply is returned, not raised, so the caller can tell it from a broken
+    stream (``ValueError``: a reply type the dedupe line never asks for)."""
+    end = buffer.find(b"\r\n", start)
+    if end < 0:
+        return None
+    kind, rest = buffer[start : start + 1], buffer[start + 1 : end]
     if kind == b"$":
         size = int(rest)
-        return None if size < 0 else (await reader.readexactly(size + 2))[:-2]
+        if size < 0:
+            return None, end + 2
+        if len(buffer) < end + 2 + size + 2:
+            return None
+        return buffer[end + 2 : end + 2 + size], end + 2 + size + 2
     if kind == b":":
-        return int(rest)
+        return int(rest), end + 2
     if kind == b"+":
-        return rest
+        return rest, end + 2
     if kind == b"-":
-        return ReplyError(rest.decode(errors="replace"))
+        return ReplyError(rest.decode(errors="replace")), end + 2
     raise ValueError(f"unexpected RESP reply type {kind!r}")
