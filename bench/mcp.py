@@ -5,9 +5,9 @@ Run: ``uv run python bench/mcp.py [--calls 500] [--concurrency 1,4] [--database 
 
 The API (``usp-webhooks api``: REST and ``/mcp`` in one uvicorn process) runs in a subprocess on
 127.0.0.1, on a fresh database (a SQLite file, or a PostgreSQL schema of its own dropped at the
-end). A bench service gets one slot with a seat per call, so every call books (``pending``
-booking, ``booking.created`` and ``catalog.availability.changed`` in the outbox) and none is
-refused. Both bindings end in the same service function and the same ``perform`` transaction;
+end). A bench service gets ``--slots`` slots (one by default) with a seat per call, so every
+call books (``pending`` booking, ``booking.created`` and ``catalog.availability.changed`` in the
+outbox) and none is refused. Both bindings end in the same service function and the same ``perform`` transaction;
 what differs is the front end:
 
 * **REST**: ``POST /services/bookings`` (admin bearer token) with ``httpx.AsyncClient``;
@@ -62,7 +62,12 @@ DEFAULT_POSTGRES = os.environ.get(
 ADMIN_TOKEN = "bench-admin-" + uuid.uuid4().hex
 PROFILE = "https://bench.example/profiles/agent.json"
 SERVICE = "svc_bench_001"
-SLOT = "slot_bench_001"
+
+
+def slot_id(number: int) -> str:
+    return f"slot_bench_{number:03d}"
+
+
 BUYER = {"first_name": "Bench", "email": "bench@example.com"}
 Call = Callable[[], Awaitable[None]]
 
@@ -81,17 +86,27 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=10, help="uncounted calls per caller first")
     parser.add_argument("--database", choices=("sqlite", "postgresql"), default="sqlite")
     parser.add_argument("--postgres-url", default=DEFAULT_POSTGRES)
+    parser.add_argument(
+        "--slots",
+        type=int,
+        default=1,
+        help="slots the callers book, caller n the (n mod slots)-th: 1 makes every booking wait for "
+        "the one before it (the slot's row lock is held to commit); as many as callers, none waits",
+    )
     args = parser.parse_args()
     levels = [int(level) for level in args.concurrency.split(",") if level.strip()]
     console = Console()
     with tempfile.TemporaryDirectory(prefix="usp-bench-mcp-") as folder, database(args, Path(folder)) as url:
         seats = (args.calls + args.warmup * max(levels)) * len(levels) * 2 + 10
         with api_server(url, Path(folder)) as base:
-            key = prepare(url, seats)
+            key = prepare(url, seats, args.slots)
             console.print(
                 f"API at {base} ({args.database}); {args.calls} counted calls per binding and level"
             )
-            rows = [asyncio.run(measure(base, key, level, args.calls, args.warmup)) for level in levels]
+            rows = [
+                asyncio.run(measure(base, key, level, args.calls, args.warmup, args.slots))
+                for level in levels
+            ]
     table = Table(
         title=f"usp_bookings_create: MCP (Streamable HTTP, SDK client) vs REST, {os.cpu_count()} cores"
     )
@@ -107,10 +122,12 @@ def main() -> None:
 # ------------------------------------------------------------------------------------ measuring
 
 
-async def measure(base: str, key: str, callers: int, calls: int, warmup: int) -> Row:
+async def measure(base: str, key: str, callers: int, calls: int, warmup: int, slots: int) -> Row:
     per_caller = max(1, calls // callers)
-    rest = await _rate([_rest_caller(base) for _ in range(callers)], per_caller, warmup)
-    mcp = await _rate([_mcp_caller(base, key) for _ in range(callers)], per_caller, warmup)
+    rest = await _rate([_rest_caller(base, slot_id(n % slots)) for n in range(callers)], per_caller, warmup)
+    mcp = await _rate(
+        [_mcp_caller(base, key, slot_id(n % slots)) for n in range(callers)], per_caller, warmup
+    )
     return Row(callers, rest, mcp)
 
 
@@ -144,13 +161,13 @@ async def _all(callers: list[Any]) -> AsyncIterator[list[Call]]:
 
 
 @asynccontextmanager
-async def _rest_caller(base: str) -> AsyncIterator[Call]:
+async def _rest_caller(base: str, slot: str) -> AsyncIterator[Call]:
     headers = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
     async with httpx.AsyncClient(base_url=base, headers=headers, timeout=60) as http:
 
         async def call() -> None:
             response = await http.post(
-                "/services/bookings", json={"service_id": SERVICE, "slot_id": SLOT, "buyer": BUYER}
+                "/services/bookings", json={"service_id": SERVICE, "slot_id": slot, "buyer": BUYER}
             )
             if response.status_code != 201:
                 raise RuntimeError(f"REST booking failed: {response.status_code} {response.text[:200]}")
@@ -159,14 +176,14 @@ async def _rest_caller(base: str) -> AsyncIterator[Call]:
 
 
 @asynccontextmanager
-async def _mcp_caller(base: str, key: str) -> AsyncIterator[Call]:
+async def _mcp_caller(base: str, key: str, slot: str) -> AsyncIterator[Call]:
     headers = {"Authorization": f"Bearer {key}"}
     async with httpx2.AsyncClient(headers=headers, timeout=httpx2.Timeout(60, read=300)) as http:
         transport = streamable_http_client(f"{base}/mcp", http_client=http)
         async with Client(transport, mode="legacy") as client:
             arguments = {
                 "service_id": SERVICE,
-                "slot_id": SLOT,
+                "slot_id": slot,
                 "buyer": BUYER,
                 "_meta": {"usp": {"profile": PROFILE}},
             }
@@ -183,8 +200,8 @@ async def _mcp_caller(base: str, key: str) -> AsyncIterator[Call]:
 # ------------------------------------------------------------------------------------ set-up
 
 
-def prepare(url: str, seats: int) -> str:
-    """The bench service with one slot of ``seats`` seats, and an API key for the platform."""
+def prepare(url: str, seats: int, slots: int) -> str:
+    """The bench service with ``slots`` slots of ``seats`` seats, and an API key for the platform."""
     engine = db.make_engine(url)
     try:
         with db.session(engine) as session:
@@ -195,7 +212,11 @@ def prepare(url: str, seats: int) -> str:
             )
             session.commit()
             start = datetime.now(UTC).replace(microsecond=0) + timedelta(days=2)
-            domain.add_slot(session, SERVICE, start, capacity=seats, slot_id=SLOT, announce=False)
+            for number in range(slots):
+                moment = start + timedelta(hours=number)
+                domain.add_slot(
+                    session, SERVICE, moment, capacity=seats, slot_id=slot_id(number), announce=False
+                )
             session.commit()
             return access.issue_api_key(session, "bench")
     finally:
