@@ -7,8 +7,8 @@ The API (``usp-webhooks api``: REST and ``/mcp`` in one uvicorn process) runs in
 127.0.0.1, on a fresh database (a SQLite file, or a PostgreSQL schema of its own dropped at the
 end). A bench service gets ``--slots`` slots (one by default) with a seat per call, so every
 call books (``pending`` booking, ``booking.created`` and ``catalog.availability.changed`` in the
-outbox) and none is refused. Both bindings end in the same service function and the same ``perform`` transaction;
-what differs is the front end:
+outbox) and none is refused. Both bindings end in the same service function and the same
+``perform`` transaction; what differs is the front end:
 
 * **REST**: ``POST /services/bookings`` (admin bearer token) with ``httpx.AsyncClient``;
 * **MCP**: ``tools/call usp_bookings_create`` on a stateful Streamable HTTP session (handshake
