@@ -567,7 +567,7 @@ class _Batch:
         if blocked is None:
             wait = max(0.0, min(RATE_WAIT, self._lease_budget()))
             reservation = await anyio.to_thread.run_sync(
-                partial(ratelimit.reserve, self.engine, subscription.id, limit, now=self.now(), max_wait=wait)
+                partial(ratelimit.reserve, self.engine, subscription.id, limit, clock=self.now, max_wait=wait)
             )
             if reservation.granted:
                 await anyio.sleep(max(0.0, (reservation.at - self.now()).total_seconds()))

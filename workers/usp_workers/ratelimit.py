@@ -26,6 +26,7 @@ Reservations use the workers' clocks: keep them in NTP sync.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -60,14 +61,22 @@ def burst_of(rate: int) -> int:
 
 
 def reserve(
-    engine: Engine, subscription_id: str, rate: int, *, now: datetime, max_wait: float
+    engine: Engine, subscription_id: str, rate: int, *, clock: Callable[[], datetime], max_wait: float
 ) -> Reservation:
     """Reserve a start for a delivery to ``subscription_id`` (limited to ``rate`` per second) at
-    ``now`` or at most ``max_wait`` seconds later."""
+    ``clock()`` or at most ``max_wait`` seconds later.
+
+    The clock is read once the bucket is locked, so the reservations of one bucket see time in the
+    order they are made: a clock read before waiting for the lock made a later reservation look
+    earlier than the one before it, and refused it the start that the next one then got.
+    """
     interval = timedelta(seconds=1.0 / rate)
     tolerance = interval * (burst_of(rate) - 1)
     with engine.begin() as connection:
-        tat = _aware(_locked_tat(connection, subscription_id, now), now)
+        first = clock()
+        locked = _locked_tat(connection, subscription_id, first)
+        now = max(first, clock())
+        tat = _aware(locked, now)
         tat = max(tat, now)
         start = max(now, tat - tolerance)
         if (start - now).total_seconds() > max_wait:
