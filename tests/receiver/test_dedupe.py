@@ -7,6 +7,7 @@ against the real thing. Each test gets its own key prefix / table and removes it
 from __future__ import annotations
 
 import json
+import logging
 import subprocess
 import sys
 import threading
@@ -791,6 +792,38 @@ async def test_redis_async_line_times_out_on_a_server_that_never_answers() -> No
         assert time.monotonic() - started < 5
         assert ran == []
         assert accepted, "it did connect"
+        await store.aclose()
+        tg.cancel_scope.cancel()
+    for stream in accepted:
+        await stream.aclose()
+    await listener.aclose()
+
+
+@pytest.mark.anyio
+async def test_a_call_given_up_on_is_not_sent_again_after_the_reconnect(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A commit that timed out was logged as lost (its claim expires with its lease); the
+    reconnect that follows must not send it again, or it would time out and be logged, and the
+    fresh connection dropped, again after every later call."""
+    accepted: list[anyio.abc.SocketStream] = []
+
+    async def hold(stream: anyio.abc.SocketStream) -> None:
+        accepted.append(stream)
+        await anyio.sleep_forever()
+
+    listener = await anyio.create_tcp_listener(local_host="127.0.0.1")
+    port = listener.extra(anyio.abc.SocketAttribute.local_port)  # noqa: S610 (anyio, not Django)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(listener.serve, hold)
+        store = RedisDedupe(url=f"redis://127.0.0.1:{port}/0?socket_timeout=0.3", prefix="p:")
+        with caplog.at_level(logging.WARNING, logger="usp_receiver"):
+            await store.acommit(Claim("evt-0", NEW, "token"))
+            for number in (1, 2):
+                with pytest.raises(redis.TimeoutError):
+                    await store.aclaim(f"evt-{number}")
+        lost = [r for r in caplog.records if "a commit or release failed" in r.getMessage()]
+        assert len(lost) == 1
         await store.aclose()
         tg.cancel_scope.cancel()
     for stream in accepted:

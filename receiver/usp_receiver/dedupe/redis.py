@@ -27,7 +27,7 @@ import anyio.to_thread
 try:
     import redis
     import redis.asyncio
-    from redis.commands.core import AsyncScript, Script
+    from redis.commands.core import Script
 except ImportError as exc:  # pragma: no cover - exercised in a subprocess test
     raise ImportError(
         "usp_receiver.dedupe.redis needs the redis package: install usp-receiver[redis]"
@@ -81,8 +81,8 @@ _Call = tuple[int, str, tuple[str | int, ...]]
 #: Who waits for a call's reply: a claim's caller, or nobody (a commit or a release).
 _Waiter = asyncio.Future[Any] | None
 
-#: What a lost connection or a flushed script cache raises on a read; the calls are then run again
-#: through redis-py's own Script objects (every one of them is idempotent, see ``_claim_result``).
+#: What a lost connection or a flushed script cache raises on the sync line's read; the calls are
+#: then run again through redis-py's own Script objects (each is idempotent, see ``_claim_result``).
 _RETRY = (redis.ConnectionError, redis.TimeoutError, redis.exceptions.NoScriptError)
 
 
@@ -272,7 +272,7 @@ class RedisDedupe:
         await line.tell(call)
 
 
-def _pack(connection: Any, scripts: tuple[Script, ...] | tuple[AsyncScript, ...], call: _Call) -> Any:
+def _pack(connection: Any, scripts: tuple[Script, ...], call: _Call) -> Any:
     at, key, args = call
     return connection.pack_command("EVALSHA", scripts[at].sha, 1, key, *args)
 
@@ -283,7 +283,7 @@ class _Line:
 
     def __init__(self, client: redis.Redis) -> None:
         self._client = client
-        self._scripts = tuple(client.register_script(s) for s in (_CLAIM, _COMMIT, _RELEASE))
+        self._scripts = tuple(client.register_script(script) for script in _SCRIPTS)
         self._lock = threading.Lock()
         self._connection: Any = None
         self._unread: list[_Call] = []
@@ -389,18 +389,20 @@ class _AsyncLine:
         if self._writer is None:
             await self._connect()
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + self._timeout
-        self._waiting.append((call, future, deadline))
-        if self._watchdog is None:
-            self._watchdog = loop.call_at(deadline, self._watch)
+        self._waiting.append((call, future, loop.time() + self._timeout))
+        self._arm_watchdog()
         # One write (one syscall) per turn of the event loop for every call made in that turn.
         if not self._outgoing:
             loop.call_soon(self._flush)
         self._outgoing.append(self._frame(call))
 
+    def _arm_watchdog(self) -> None:
+        if self._watchdog is None and self._waiting:
+            self._watchdog = asyncio.get_running_loop().call_at(self._waiting[0][2], self._watch)
+
     def _watch(self) -> None:
         """Fail the calls Redis left unanswered past their deadline, and drop the connection they
-        wait on (the reader then reconnects and sends the others again)."""
+        wait on (the reader then reconnects and sends the others again: only those not expired)."""
         self._watchdog = None
         now = asyncio.get_running_loop().time()
         expired = False
@@ -511,10 +513,13 @@ class _AsyncLine:
                 for _, future, _ in calls:
                     _fail(future, failure)
                 return
+            now = asyncio.get_running_loop().time()
             for call, future, deadline in calls:
-                if future is None or not future.done():  # done: timed out, its caller was answered
+                # Past its deadline the watchdog has answered its caller or logged it: given up.
+                if deadline > now and (future is None or not future.done()):
                     self._waiting.append((call, future, deadline))
                     writer.write(self._frame(call))
+            self._arm_watchdog()
 
 
 def _tls_context(settings: dict[str, Any]) -> ssl.SSLContext:
