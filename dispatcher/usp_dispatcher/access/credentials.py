@@ -28,12 +28,11 @@ from datetime import UTC, datetime
 from typing import Any, Final, TypeGuard
 
 import rfc8785
-from sqlalchemy.engine import Engine
 from sqlmodel import Session
 
 from usp_receiver import JWKS, PublicKey, SigningKey, jwk_thumbprint
 from usp_workers.keycache import current_signing_keys
-from usp_workers.keys import published_jwks, signing_keys
+from usp_workers.keys import published_jwks
 from usp_workers.models import utcnow
 from usp_workers.settings import Settings
 
@@ -92,16 +91,9 @@ def issue_booking_credential(
     signs now; ``RuntimeError`` when the business has no signing key.
     """
     moment = now or utcnow()
-    bind = session.get_bind()
-    # The process's key cache (exact at rotation boundaries): reading and parsing the keys per
-    # booking was 14% of a REST booking's time (bench/mcp.py).
-    keys = (
-        current_signing_keys(bind, settings, now=moment)
-        if isinstance(bind, Engine)
-        else tuple(signing_keys(session, settings, now=moment))
-    )
-    if not keys:
-        raise RuntimeError("the business has no signing key to issue credentials with")
+    # The process's key cache (exact at rotation boundaries; NoSigningKey, a RuntimeError, when
+    # none signs): reading and parsing the keys per booking was 14% of a REST booking's time.
+    keys = current_signing_keys(session.get_bind().engine, settings, now=moment)
     issued_at = int(moment.timestamp())
     expires_at = issued_at + settings.booking_credential_ttl_seconds
     claims: dict[str, Any] = {
