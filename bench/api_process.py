@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 import httpx
 
@@ -21,11 +22,15 @@ __all__ = [
     "ApiProcess",
     "api_server",
     "cpu_seconds",
+    "group_cpu_seconds",
     "group_open_files",
     "group_rss_bytes",
     "open_files",
+    "or_zero",
     "rss_bytes",
 ]
+
+_N = TypeVar("_N", int, float)
 
 _TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
@@ -68,18 +73,23 @@ def group_pids(pgid: int) -> list[int]:
     return pids
 
 
+def group_cpu_seconds(pgid: int) -> float:
+    return sum(or_zero(cpu_seconds, pid) for pid in group_pids(pgid))
+
+
 def group_rss_bytes(pgid: int) -> int:
-    return sum(_or_zero(rss_bytes, pid) for pid in group_pids(pgid))
+    return sum(or_zero(rss_bytes, pid) for pid in group_pids(pgid))
 
 
 def group_open_files(pgid: int) -> int:
-    return sum(_or_zero(open_files, pid) for pid in group_pids(pgid))
+    return sum(or_zero(open_files, pid) for pid in group_pids(pgid))
 
 
-def _or_zero(measure: Callable[[int], int], pid: int) -> int:
+def or_zero(measure: Callable[[int], _N], pid: int) -> _N | int:
+    """``measure(pid)``, or 0 for a process that exited meanwhile."""
     try:
         return measure(pid)
-    except OSError:  # it exited meanwhile
+    except OSError:
         return 0
 
 

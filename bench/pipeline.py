@@ -67,7 +67,7 @@ from sqlalchemy.engine import Engine
 from sqlmodel import Session, col, func, select
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # for bench.api_process
-from bench.api_process import cpu_seconds, group_pids
+from bench.api_process import cpu_seconds, group_cpu_seconds, or_zero
 from usp_receiver import SigningKey, sign_request
 from usp_schemas import BOOKING_CONFIRMED_EXAMPLE, new_event_id
 from usp_workers import outbox, store, tasks
@@ -348,11 +348,6 @@ class Stack:
         self.processes.clear()
 
 
-def group_cpu_seconds(pgid: int) -> float:
-    """CPU seconds of the live processes in process group ``pgid`` (Linux ``/proc``; 0 elsewhere)."""
-    return sum(_cpu_of(pid) for pid in group_pids(pgid))
-
-
 APP_NAME = "usp-bench"
 
 
@@ -365,14 +360,7 @@ def postgres_cpu(engine: Engine) -> dict[int, float]:
         pids = connection.execute(
             sa.text("SELECT pid FROM pg_stat_activity WHERE application_name = :name"), {"name": APP_NAME}
         ).scalars()
-        return {pid: _cpu_of(pid) for pid in pids}
-
-
-def _cpu_of(pid: int) -> float:
-    try:
-        return cpu_seconds(pid)
-    except OSError:  # it exited meanwhile
-        return 0.0
+        return {pid: or_zero(cpu_seconds, pid) for pid in pids}
 
 
 def free_port() -> int:
