@@ -104,7 +104,7 @@ _UNSTORABLE = EventValidationError(
 def _record(session: Session, parsed: Sequence[WebhookEvent | EventValidationError]) -> list[Outcome]:
     models = [model for model in parsed if not isinstance(model, EventValidationError)]
     stored = _stored_payloads(session, [model.event_id for model in models])
-    now: dict[str, str] = {}  # the payload of each id first seen in this group
+    first_seen: dict[str, str] = {}  # the payload of each id first seen in this group
     emitted: dict[str, int] = {}  # deliveries of each event recorded now
     outcomes: list[Outcome] = []
     for model in parsed:
@@ -112,11 +112,11 @@ def _record(session: Session, parsed: Sequence[WebhookEvent | EventValidationErr
             outcomes.append(Outcome(Status.INVALID, problem=model))
             continue
         payload = model.model_dump_json()
-        earlier = stored.get(model.event_id, now.get(model.event_id))
+        earlier = stored.get(model.event_id, first_seen.get(model.event_id))
         if earlier is None:
             before = unflushed_deliveries(session)
             emit(session, model)
-            now[model.event_id] = payload
+            first_seen[model.event_id] = payload
             emitted[model.event_id] = unflushed_deliveries(session) - before
             outcomes.append(Outcome(Status.ACCEPTED, model.event_id))
         elif earlier == payload:
