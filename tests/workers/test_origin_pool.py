@@ -179,3 +179,109 @@ async def test_through_httpx_the_response_streams_and_releases_its_connection() 
             response = await client.post(f"http://127.0.0.1:{server.port}/hook", content=b"{}")
             assert (response.status_code, response.content) == (200, b"ok")
         assert server.connections == 1
+
+
+def raw_answer(*parts: bytes, keep: bool = True) -> Handler:
+    """A handler writing ``parts`` as they are (one write each), then keeping the connection
+    open or closing it."""
+
+    async def handler(server: Server, reader: object, writer: asyncio.StreamWriter, n: int) -> bool:
+        for part in parts:
+            writer.write(part)
+            await writer.drain()
+            await asyncio.sleep(0.01)
+        return keep
+
+    return handler
+
+
+async def test_interim_answers_are_skipped_and_a_chunked_body_is_joined() -> None:
+    handler = raw_answer(
+        b"HTTP/1.1 100 Continue\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n",
+        b"2\r\nde\r\n0\r\n\r\n",
+    )
+    transport = OriginTransport()
+    async with running(handler) as server:
+        response = await send(transport, server)
+        assert (response.status_code, response.content) == (200, b"abcde")
+        assert transport.idle_connections(post(server)[0]) == 1
+        await transport.aclose()
+
+
+async def test_a_body_without_a_length_ends_with_the_stream_and_the_connection_is_not_kept() -> None:
+    handler = raw_answer(b"HTTP/1.1 200 OK\r\n\r\nall of ", b"it", keep=False)
+    transport = OriginTransport()
+    async with running(handler) as server:
+        response = await send(transport, server)
+        assert (response.status_code, response.content, response.truncated) == (200, b"all of it", False)
+        assert transport.idle_connections(post(server)[0]) == 0
+        await transport.aclose()
+
+
+async def test_a_body_cut_short_by_the_server_is_an_error_not_a_short_answer() -> None:
+    handler = raw_answer(b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nshort", keep=False)
+    transport = OriginTransport()
+    async with running(handler) as server:
+        with pytest.raises(httpx.RemoteProtocolError, match="without sending a response"):
+            await send(transport, server)
+        await transport.aclose()
+
+
+async def test_an_invalid_answer_is_a_protocol_error() -> None:
+    transport = OriginTransport()
+    async with running(raw_answer(b"HTTP/1.1 2x0 OK\r\n\r\n")) as server:
+        with pytest.raises(httpx.RemoteProtocolError, match="invalid response"):
+            await send(transport, server)
+        await transport.aclose()
+
+
+async def test_a_silent_server_times_out_the_read() -> None:
+    async def silent(server: Server, reader: object, writer: object, n: int) -> bool:
+        await asyncio.sleep(5)
+        return False
+
+    transport = OriginTransport()
+    async with running(silent) as server:
+        origin, raw = post(server)
+        quick = RawRequest(raw.method, raw.target, raw.headers, raw.body, 2.0, 0.2, 2.0)
+        with pytest.raises(httpx.ReadTimeout):
+            await transport.request(origin, quick, max_body=100)
+        assert transport.idle_connections(origin) == 0
+        await transport.aclose()
+
+
+async def test_bytes_on_an_idle_connection_keep_it_from_being_reused() -> None:
+    async def then_408(server: Server, reader: object, writer: asyncio.StreamWriter, n: int) -> bool:
+        writer.write(ok() + b"HTTP/1.1 408 Request Timeout\r\nContent-Length: 0\r\n\r\n")
+        await writer.drain()
+        return True
+
+    transport = OriginTransport()
+    async with running(then_408) as server:
+        assert (await send(transport, server)).status_code == 200
+        assert (await send(transport, server)).status_code == 200
+        await transport.aclose()
+    assert server.connections == 2, "the connection that spoke out of turn was not reused"
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [
+        [(b"X-Note", b"a\r\nX-Injected: 1")],
+        [(b"X Bad", b"1")],
+        [(b"Content-Length", b"99")],
+    ],
+    ids=["line break in a value", "space in a name", "length not the body's"],
+)
+async def test_a_request_that_would_not_say_what_it_means_is_refused_before_sending(
+    headers: list[tuple[bytes, bytes]],
+) -> None:
+    transport = OriginTransport()
+    async with running(answer) as server:
+        origin, raw = post(server)
+        bad = RawRequest(raw.method, raw.target, [(b"Host", b"hooks.example"), *headers], raw.body)
+        with pytest.raises(httpx.LocalProtocolError):
+            await transport.request(origin, bad, max_body=100)
+        await transport.aclose()
+    assert server.requests == []

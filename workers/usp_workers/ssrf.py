@@ -32,6 +32,7 @@ both use it.
 
 from __future__ import annotations
 
+import asyncio
 import ipaddress
 import re
 import socket
@@ -590,7 +591,7 @@ async def send_pinned(
     if keep_alive is None:
         keep_alive = isinstance(client, PinnedClient) or target.scheme == "http"
     try:
-        with anyio.fail_after(total_timeout):
+        async with asyncio.timeout(total_timeout):  # anyio.fail_after cost ~25 µs a delivery
             if isinstance(client, PinnedClient):
                 if total_timeout is not None:  # phases that cannot outlast the whole need no timer
                     timeout = httpx.Timeout(
