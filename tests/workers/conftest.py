@@ -102,13 +102,13 @@ def _postgres_schema(url: str) -> Iterator[Engine]:
 
 
 @pytest.fixture
-def make_settings() -> MakeSettings:
+def make_settings(tmp_path: Path) -> MakeSettings:
     """Settings for tests: loopback targets allowed, a compressed schedule without jitter, short
     timeouts. Every field the engine reads is explicit, so no ``USP_*`` environment leaks in."""
 
     def make(**overrides: Any) -> Settings:
         values: dict[str, Any] = {
-            "database_url": "sqlite:///unused.sqlite3",
+            "database_url": f"sqlite:///{tmp_path / 'unused.sqlite3'}",  # its broker file goes there too
             "allow_private_targets": True,
             "private_target_allowlist": (),
             "retry_schedule": (0.05, 0.1, 0.2),

@@ -285,3 +285,26 @@ async def test_a_request_that_would_not_say_what_it_means_is_refused_before_send
             await transport.request(origin, bad, max_body=100)
         await transport.aclose()
     assert server.requests == []
+
+
+async def test_the_deadline_ends_an_answer_that_trickles_in_under_every_read_timeout() -> None:
+    async def trickle(server: Server, reader: object, writer: asyncio.StreamWriter, n: int) -> bool:
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n")
+        for _ in range(100):
+            await asyncio.sleep(0.05)
+            writer.write(b"x")
+        return False
+
+    transport = OriginTransport()
+    async with running(trickle) as server:
+        origin, raw = post(server)
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        bounded = RawRequest(
+            raw.method, raw.target, raw.headers, raw.body, 2.0, 2.0, 2.0, deadline=started + 0.4
+        )
+        with pytest.raises(TimeoutError):
+            await transport.request(origin, bounded, max_body=1000)
+        assert 0.4 <= loop.time() - started < 1.0
+        assert transport.idle_connections(origin) == 0
+        await transport.aclose()

@@ -6,7 +6,7 @@ must not abort the other deliveries of its batch.
 
 Bounds, and why each exists:
 
-* ``total_timeout`` for the whole try (``send_pinned`` enforces it with ``anyio.fail_after``;
+* ``total_timeout`` for the whole try (``send_pinned`` enforces it as a deadline the pool keeps;
   httpx's own timeouts are per phase, so a server dribbling a byte every few seconds would
   otherwise hold a try forever), and ``connect_timeout`` for the connection;
 * at most ``per_endpoint_concurrency`` tries in flight per endpoint (scheme, host, port) in this
