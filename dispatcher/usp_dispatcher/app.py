@@ -22,7 +22,7 @@ from usp_workers.heap import freeze_startup_heap
 from usp_workers.logs import configure_logging
 from usp_workers.settings import Settings
 
-from . import database
+from . import console, database
 from .domain import ensure_demo_catalog
 from .intake import Intake
 from .mcp.http import MCP_PATH, mount_mcp
@@ -101,6 +101,8 @@ def create_app(
     app.include_router(admin.router)
     app.include_router(ucap_routes.router)
     app.include_router(ucap_routes.admin_router)
+    app.include_router(console.router)
+    app.mount(console.STATIC_PATH, console.static_files(), name="console-static")
     mcp_endpoint = mount_mcp(app, resolved, session_idle_timeout=resolved.mcp_session_idle_seconds)
     return app
 

@@ -1,0 +1,112 @@
+"""A running service for end-to-end operator tests: the API under uvicorn on the test's
+database with the embedded broker, a real Celery worker subprocess configured only by ``USP_*``
+variables, and a server of receivers (:class:`tests.workers.endpoints.Hub`)."""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from sqlalchemy.engine import Engine
+from sqlmodel import Session, col, select
+from typer.testing import CliRunner, Result
+
+from tests.workers.conftest import hub_server
+from tests.workers.endpoints import Hub
+from tests.workers.support import Pipeline, WorkerProcess
+from usp_dispatcher import cli
+from usp_dispatcher.app import create_app
+from usp_receiver import JWKS
+from usp_workers.models import Delivery
+
+from ..conftest import ADMIN, ADMIN_TOKEN, MakeSettings, Serve
+
+WAIT = 60.0
+
+
+@dataclass
+class Live:
+    """A running service: its API's base URL, the database, the receivers' server."""
+
+    base: str
+    engine: Engine
+    hub: Hub
+    jwks: JWKS
+    worker: WorkerProcess
+
+    def run(self, *args: str, token: str | None = ADMIN_TOKEN) -> Result:
+        env = {"USP_ADMIN_URL": self.base, "COLUMNS": "80"}
+        env["USP_ADMIN_TOKEN"] = token or ""
+        return CliRunner().invoke(cli.app, list(args), env=env)
+
+    def ok(self, *args: str) -> str:
+        result = self.run(*args)
+        assert result.exit_code == 0, result.output
+        return result.output
+
+    def subscribe(self, url: str, **extra: Any) -> str:
+        response = httpx.post(
+            self.base + "/services/feed/subscriptions", json={"url": url, **extra}, headers=ADMIN
+        )
+        assert response.status_code == 201, response.text
+        return str(response.json()["id"])
+
+    def endpoint(self, name: str, app: Any) -> tuple[str, str]:
+        path = f"/cli/{name}"
+        self.hub.routes[path] = app
+        return f"http://127.0.0.1:{self.hub.port}{path}", path
+
+
+@contextmanager
+def running_service(
+    make_settings: MakeSettings, serve: Serve, engine: Engine, tmp_path: Path
+) -> Iterator[Live]:
+    settings = make_settings(retry_schedule=(0.2, 0.2), retry_jitter=0.0)
+    base = serve(create_app(settings))
+    jwks = JWKS.from_dict(httpx.get(base + "/.well-known/usp/jwks.json").json())
+    fields = {
+        "database_url": settings.database_url,
+        "broker_url": settings.broker_url,
+        "allow_private_targets": True,
+        "retry_schedule": (0.2, 0.2),
+        "retry_jitter": 0.0,
+        "connect_timeout": 2.0,
+        "total_timeout": 5.0,
+    }
+    worker = WorkerProcess(Pipeline(fields, engine, tmp_path, "embedded"), "worker")
+    try:
+        worker.wait_ready()
+        with hub_server() as hub:
+            yield Live(base, engine, hub, jwks, worker)
+    finally:
+        code = worker.stop()
+        print(f"----- worker (exit {code}) -----\n{worker.output()}")
+
+
+def wait_until(condition: Callable[[], bool], what: str, live: Live) -> None:
+    deadline = time.monotonic() + WAIT
+    while not condition():
+        if time.monotonic() > deadline:
+            pytest.fail(f"not within {WAIT} s: {what}\n{live.worker.output()}")
+        time.sleep(0.05)
+
+
+def event_id_in(output: str) -> str:
+    found = re.search(r"evt_[0-9a-f]{32}", output)
+    assert found, output
+    return found.group(0)
+
+
+def deliveries(engine: Engine) -> list[Delivery]:
+    with Session(engine) as s:
+        rows = list(s.exec(select(Delivery).order_by(col(Delivery.id))).all())
+        for row in rows:
+            s.expunge(row)
+        return rows

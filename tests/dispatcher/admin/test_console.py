@@ -1,0 +1,176 @@
+"""The operator console (``/console``) in a real browser: Playwright driving the system Chromium
+against the whole service (API under uvicorn, a real Celery worker, receivers that verify every
+signature), on PostgreSQL.
+
+``USP_CHROMIUM`` names the browser when it is not ``chromium`` on the PATH (``.ci/run`` installs
+Debian's). ``USP_UPDATE_SCREENSHOTS=1`` copies the screenshots the tests take into ``docs/``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from playwright.sync_api import Browser, BrowserContext, Page, expect, sync_playwright
+
+from tests.workers.endpoints import UspReceiver
+from usp_dispatcher.cli_admin import sample_event
+from usp_workers.models import DeliveryStatus
+
+from ..conftest import ADMIN, ADMIN_TOKEN
+from .live import Live, deliveries, event_id_in, wait_until
+
+pytestmark = pytest.mark.parametrize("database_url", ["postgresql"], indirect=True)
+
+DOCS = Path(__file__).resolve().parents[3] / "docs"
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Browser]:
+    executable = os.environ.get("USP_CHROMIUM") or shutil.which("chromium")
+    if executable is None:
+        pytest.fail("no Chromium: install Debian's package `chromium` (as .ci/run does) or set USP_CHROMIUM")
+    with sync_playwright() as playwright:
+        launched = playwright.chromium.launch(executable_path=executable, headless=True)
+        yield launched
+        launched.close()
+
+
+@pytest.fixture
+def context(browser: Browser, live: Live) -> Iterator[BrowserContext]:
+    made = browser.new_context(base_url=live.base, viewport={"width": 1200, "height": 900})
+    made.set_default_timeout(20_000)
+    yield made
+    made.close()
+
+
+@pytest.fixture
+def page(context: BrowserContext) -> Page:
+    return context.new_page()
+
+
+def log_in(page: Page, token: str = ADMIN_TOKEN) -> None:
+    page.goto("/console/login")
+    page.fill("input[name=token]", token)
+    page.click("button:has-text('Log in')")
+
+
+def screenshot(page: Page, name: str, tmp_path: Path) -> None:
+    taken = tmp_path / name
+    page.screenshot(path=str(taken), full_page=True)
+    if os.environ.get("USP_UPDATE_SCREENSHOTS") == "1":
+        shutil.copyfile(taken, DOCS / name)
+
+
+def booking_event(live: Live, event_type: str, booking_id: str) -> str:
+    """Post a ``booking.*`` event about ``booking_id``; its ``event_id``."""
+    body = json.loads(sample_event(event_type))
+    body["booking_id"] = body["data"]["id"] = booking_id
+    response = httpx.post(live.base + "/events", json=body, headers=ADMIN)
+    assert response.status_code == 202, response.text
+    return str(response.json()["event_id"])
+
+
+def test_an_operator_finds_a_booking_s_event_replays_it_and_sees_the_new_attempt_arrive(
+    live: Live, page: Page, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    receiver = UspReceiver(live.jwks)
+    url, path = live.endpoint("console", receiver)
+    live.subscribe(url)
+    booking = "bkg_" + uuid.uuid4().hex[:12]
+    event_id = booking_event(live, "booking.confirmed", booking)
+    booking_event(live, "booking.confirmed", "bkg_someone_else")  # not to be found
+    wait_until(lambda: event_id in receiver.handled, "the event delivered", live)
+
+    log_in(page)
+    expect(page).to_have_url(f"{live.base}/console/events")
+    page.fill("input[name=subject]", booking)
+    page.click("button:has-text('Search')")
+    rows = page.locator("table.events tbody tr")
+    expect(rows).to_have_count(1)
+    expect(rows.first).to_contain_text("booking.confirmed")
+    rows.first.locator("a").click()
+
+    expect(page.locator("h1")).to_contain_text(event_id)
+    expect(page.locator(".delivery")).to_have_count(1)
+    expect(page.locator(".attempt")).to_have_count(1)
+    expect(page.locator(".attempt").first).to_contain_text("200")
+    expect(page.locator(".payload")).to_contain_text(booking)
+
+    page.once("dialog", lambda dialog: dialog.accept())
+    page.click("button:has-text('Replay')")
+    expect(page.get_by_role("status")).to_contain_text("Replayed: 1 new delivery")
+    # The page follows the new delivery by itself until it has settled.
+    expect(page.locator(".delivery")).to_have_count(2)
+    expect(page.locator(".attempt")).to_have_count(2)
+    expect(page.locator("#deliveries")).to_have_attribute("data-live", "")
+    expect(page.locator(".delivery > h3 .status-succeeded")).to_have_count(2)
+    screenshot(page, "console.png", tmp_path)
+
+    assert [seen.event_id for seen in live.hub.seen(path)].count(event_id) == 2
+    assert {d.status for d in deliveries(live.engine)} == {DeliveryStatus.SUCCEEDED}
+    assert ADMIN_TOKEN not in page.url
+    assert ADMIN_TOKEN not in caplog.text, "the token never reaches a log"
+
+
+def test_without_a_session_pages_send_to_the_login_and_actions_are_refused(
+    live: Live, context: BrowserContext, page: Page
+) -> None:
+    event_id = event_id_in(live.ok("trigger", "booking.confirmed"))
+    for path in ("/console", "/console/events", f"/console/events/{event_id}"):
+        page.goto(path)
+        expect(page).to_have_url(f"{live.base}/console/login")
+    refused = context.request.post(f"/console/events/{event_id}/replay", form={"csrf": "x"})
+    assert refused.status == 401
+
+    log_in(page, "not-the-token")
+    expect(page.get_by_role("alert")).to_contain_text("not the admin token")
+    assert context.cookies() == []
+
+    log_in(page)
+    [cookie] = context.cookies()
+    assert (cookie["name"], cookie["httpOnly"], cookie["sameSite"], cookie["path"]) == (
+        "usp_console",
+        True,
+        "Strict",
+        "/console",
+    )
+    assert ADMIN_TOKEN not in cookie["value"]
+    page.click("button:has-text('Log out')")
+    expect(page).to_have_url(f"{live.base}/console/login")
+    page.goto("/console/events")
+    expect(page).to_have_url(f"{live.base}/console/login")
+
+
+def test_an_action_without_the_session_s_csrf_token_or_from_another_origin_is_refused(
+    live: Live, context: BrowserContext, page: Page
+) -> None:
+    live.subscribe(live.endpoint("csrf", UspReceiver(live.jwks))[0])
+    event_id = event_id_in(live.ok("trigger", "booking.confirmed"))
+    log_in(page)
+    page.goto(f"/console/events/{event_id}")
+    csrf = page.locator("input[name=csrf]").first.input_value()
+    before = len(deliveries(live.engine))
+
+    altered = csrf[:-1] + ("0" if csrf[-1] != "0" else "1")
+    forms: list[dict[str, str | float | bool]] = [{}, {"csrf": "forged"}, {"csrf": altered}]
+    for form in forms:
+        answer = context.request.post(f"/console/events/{event_id}/replay", form=form)
+        assert answer.status == 403, form
+        assert answer.json()["reason"] == "csrf_token_invalid"
+    cross = context.request.post(
+        f"/console/events/{event_id}/replay", form={"csrf": csrf}, headers={"Origin": "https://evil.example"}
+    )
+    assert (cross.status, cross.json()["reason"]) == (403, "cross_origin")
+    assert len(deliveries(live.engine)) == before, "nothing was replayed"
+
+    replay = f"/console/events/{event_id}/replay"
+    accepted = context.request.post(replay, form={"csrf": csrf}, max_redirects=0)
+    assert (accepted.status, accepted.headers["location"]) == (303, f"/console/events/{event_id}?replayed=1")
+    assert len(deliveries(live.engine)) == before + 1
