@@ -1,4 +1,5 @@
-"""The console's pages and actions: login, events, one event and its replay.
+"""The console's pages and actions: login, events (and replay), the dead letter (and redrive),
+jobs, subscriptions (health, activity, enable/disable, rate limit).
 
 Pages need the session cookie (without it: a redirect to the login page); actions are POSTs that
 also need the session's CSRF token and, when the browser sends one, an ``Origin`` of this host.
@@ -8,6 +9,7 @@ from __future__ import annotations
 
 import hmac
 import json
+import logging
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
@@ -19,18 +21,21 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
+from sqlalchemy.engine import Engine
 
-from usp_workers import operations
-from usp_workers.models import DeliveryStatus
-from usp_workers.operations import EventFilter
+from usp_workers import activity, metrics, operations, tasks
+from usp_workers.models import DeliveryStatus, SubscriptionState
+from usp_workers.operations import DeadLetterFilter, EventFilter
 from usp_workers.settings import Settings
 
-from ..deps import SessionDep, SettingsDep
+from ..deps import SessionDep, SettingsDep, get_engine
 from ..problems import HTTPProblem
 from . import session as login
 from .session import ConsoleSession
 
 __all__ = ["STATIC_PATH", "router", "static_files"]
+
+logger = logging.getLogger("usp_dispatcher")
 
 STATIC_PATH: Final = "/console/static"
 _HERE = Path(__file__).parent
@@ -225,6 +230,197 @@ async def _event_page(
         "problem": problem,
     }
     return _render(request, "event.html", context, status_code=status_code)
+
+
+# ------------------------------------------------------------------------------- dead letter, jobs
+
+
+@router.get("/dead-letter", response_class=HTMLResponse)
+async def dead_letter(
+    request: Request,
+    db: SessionDep,
+    engine: Annotated[Engine, Depends(get_engine)],
+    settings: SettingsDep,
+    console: PageDep,
+    subscription: Annotated[str, Query(max_length=40)] = "",
+    type: Annotated[str, Query(max_length=64)] = "",
+    since: Annotated[str, Query(max_length=32)] = "",
+    until: Annotated[str, Query(max_length=32)] = "",
+    cursor: Annotated[str, Query(max_length=256)] = "",
+) -> Response:
+    """Dead deliveries, newest first, filtered as a redrive can be; the totals by status are the
+    numbers ``/metrics`` reports (the same snapshot function)."""
+    asked = {"subscription": subscription, "type": type, "since": since, "until": until}
+    snap = await _call(metrics.snapshot, engine, settings)
+    totals: dict[str, int] = {}
+    for (status, _), count in snap.deliveries.items():
+        totals[status] = totals.get(status, 0) + count
+    context: dict[str, Any] = {"console": console, "asked": asked, "totals": totals, "dead": snap.dead}
+    try:
+        filters = _dead_filter(subscription, type, since, until)
+        page = await _call(operations.dead_letter, db, filters, cursor=cursor or None, limit=50)
+    except operations.OperationError as exc:
+        context |= {"problem": exc.detail, "page": None}
+        return _render(request, "dead_letter.html", context, status_code=422)
+    next_query = {k: v for k, v in asked.items() if v}
+    if page.next_cursor:
+        next_query["cursor"] = page.next_cursor
+    return _render(request, "dead_letter.html", context | {"page": page, "next_query": next_query})
+
+
+@router.post("/dead-letter/redrive")
+async def redrive(
+    request: Request,
+    db: SessionDep,
+    console: ActionDep,
+    subscription: Annotated[str, Form(max_length=40)] = "",
+    type: Annotated[str, Form(max_length=64)] = "",
+    since: Annotated[str, Form(max_length=32)] = "",
+    until: Annotated[str, Form(max_length=32)] = "",
+) -> Response:
+    """Start a redrive job of the dead deliveries the filters select; its page shows progress."""
+    try:
+        filters = _dead_filter(subscription, type, since, until)
+        job = await _call(operations.start_redrive, db, filters)
+    except operations.OperationError as exc:
+        return _render(request, "missing.html", {"console": console, "problem": exc.detail}, status_code=422)
+    return await _hand_to_workers(job)
+
+
+@router.get("/jobs/{job_id}", response_class=HTMLResponse)
+async def job(
+    request: Request,
+    job_id: str,
+    db: SessionDep,
+    console: PageDep,
+    unsent: Annotated[bool, Query()] = False,
+) -> Response:
+    """A recover or redrive job; refreshed while it runs."""
+    try:
+        found = await _call(operations.get_job, db, job_id)
+    except operations.NotFound as exc:
+        return _render(request, "missing.html", {"console": console, "problem": exc.detail}, status_code=404)
+    return _render(request, "job.html", {"console": console, "job": found, "unsent": unsent})
+
+
+@router.post("/jobs/{job_id}/resume")
+async def resume(job_id: str, db: SessionDep, console: ActionDep) -> Response:
+    """Send a job to the workers again (its worker died, or the broker refused it)."""
+    try:
+        found = await _call(operations.resume_job, db, job_id)
+    except operations.NotFound:
+        return _redirect(f"/console/jobs/{job_id}")
+    return await _hand_to_workers(found)
+
+
+async def _hand_to_workers(job: operations.JobView) -> Response:
+    """Send a recorded job to the workers and show it; when the broker refuses, its page says
+    so and offers to resume it (as ``/admin`` answers 503)."""
+    if job.status == "running":
+        try:
+            await _call(tasks.enqueue_job, job.id)
+        except Exception:
+            logger.exception("could not send job %s to the workers", job.id)
+            return _redirect(f"/console/jobs/{job.id}?unsent=true")
+    return _redirect(f"/console/jobs/{job.id}")
+
+
+def _dead_filter(subscription: str, event_type: str, since: str, until: str) -> DeadLetterFilter:
+    return DeadLetterFilter(
+        subscription_id=subscription or None,
+        event_type=event_type or None,
+        since=_moment(since, "since"),
+        until=_moment(until, "until"),
+    )
+
+
+# ------------------------------------------------------------------------------- subscriptions
+
+
+@router.get("/subscriptions", response_class=HTMLResponse)
+async def subscriptions(
+    request: Request,
+    db: SessionDep,
+    console: PageDep,
+    state: Annotated[str, Query(max_length=16)] = "",
+    cursor: Annotated[str, Query(max_length=256)] = "",
+) -> Response:
+    """Every subscription with its health, oldest first."""
+    chosen = SubscriptionState(state) if state in set(SubscriptionState) else None
+    page = await _call(operations.list_subscriptions, db, state=chosen, cursor=cursor or None, limit=50)
+    next_query = {"state": state, "cursor": page.next_cursor} if page.next_cursor else None
+    context = {"console": console, "page": page, "state": state, "next_query": next_query}
+    return _render(request, "subscriptions.html", context)
+
+
+@router.get("/subscriptions/{subscription_id}", response_class=HTMLResponse)
+async def subscription(request: Request, subscription_id: str, db: SessionDep, console: PageDep) -> Response:
+    """One subscription: health, latency percentiles and attempts per minute over the last hour."""
+    return await _subscription_page(request, db, console, subscription_id)
+
+
+async def _subscription_page(
+    request: Request,
+    db: SessionDep,
+    console: ConsoleSession,
+    subscription_id: str,
+    *,
+    problem: str | None = None,
+    status_code: int = 200,
+) -> Response:
+    try:
+        found = await _call(operations.subscription_health, db, subscription_id)
+    except operations.NotFound as exc:
+        return _render(request, "missing.html", {"console": console, "problem": exc.detail}, status_code=404)
+    recent = await _call(activity.subscription_activity, db, subscription_id)
+    chart = {
+        "minutes": [int(m.timestamp()) for m in recent.minutes],
+        "series": dict(sorted(recent.per_minute.items())),
+    }
+    context = {"console": console, "s": found, "activity": recent, "chart": chart, "problem": problem}
+    return _render(request, "subscription.html", context, status_code=status_code)
+
+
+@router.post("/subscriptions/{subscription_id}/state")
+async def set_state(
+    request: Request,
+    subscription_id: str,
+    db: SessionDep,
+    console: ActionDep,
+    enabled: Annotated[bool, Form()],
+) -> Response:
+    try:
+        await _call(operations.set_subscription_state, db, subscription_id, enabled=enabled)
+    except operations.OperationError as exc:
+        return await _subscription_page(
+            request, db, console, subscription_id, problem=exc.detail, status_code=409
+        )
+    return _redirect(f"/console/subscriptions/{subscription_id}")
+
+
+@router.post("/subscriptions/{subscription_id}/rate-limit")
+async def set_rate_limit(
+    request: Request,
+    subscription_id: str,
+    db: SessionDep,
+    console: ActionDep,
+    per_second: Annotated[str, Form(max_length=12)] = "",
+) -> Response:
+    """A limit in deliveries started per second; empty lifts it."""
+    try:
+        limit = int(per_second) if per_second.strip() else None
+    except ValueError:
+        problem = f"{per_second!r} is not a whole number of deliveries per second"
+        return await _subscription_page(
+            request, db, console, subscription_id, problem=problem, status_code=422
+        )
+    try:
+        await _call(operations.set_rate_limit, db, subscription_id, limit)
+    except operations.OperationError as exc:
+        return await _subscription_page(
+            request, db, console, subscription_id, problem=exc.detail, status_code=422
+        )
+    return _redirect(f"/console/subscriptions/{subscription_id}")
 
 
 # ------------------------------------------------------------------------------- helpers

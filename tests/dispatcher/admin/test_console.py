@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import uuid
 from collections.abc import Iterator
@@ -17,11 +18,13 @@ from pathlib import Path
 
 import httpx
 import pytest
+import sqlalchemy as sa
 from playwright.sync_api import Browser, BrowserContext, Page, expect, sync_playwright
+from sqlmodel import Session
 
-from tests.workers.endpoints import UspReceiver
+from tests.workers.endpoints import Answer, UspReceiver
 from usp_dispatcher.cli_admin import sample_event
-from usp_workers.models import DeliveryStatus
+from usp_workers.models import Delivery, DeliveryStatus, Subscription
 
 from ..conftest import ADMIN, ADMIN_TOKEN
 from .live import Live, deliveries, event_id_in, wait_until
@@ -174,3 +177,94 @@ def test_an_action_without_the_session_s_csrf_token_or_from_another_origin_is_re
     accepted = context.request.post(replay, form={"csrf": csrf}, max_redirects=0)
     assert (accepted.status, accepted.headers["location"]) == (303, f"/console/events/{event_id}?replayed=1")
     assert len(deliveries(live.engine)) == before + 1
+
+
+def metric(live: Live, name: str) -> float:
+    text = httpx.get(live.base + "/metrics", headers=ADMIN).text
+    [value] = [line.split()[-1] for line in text.splitlines() if line.startswith(name + " ")]
+    return float(value)
+
+
+def test_redriving_the_dead_letter_shows_the_job_s_progress_and_the_counts_agree_with_metrics(
+    live: Live, page: Page, tmp_path: Path
+) -> None:
+    receiver = UspReceiver(live.jwks)
+    url, path = live.endpoint("dead", Answer(503))
+    live.subscribe(url)
+    dead = [booking_event(live, "booking.cancelled", f"bkg_dead_{n}") for n in range(3)]
+    wait_until(lambda: all(d.attempt_count >= 1 for d in deliveries(live.engine)), "first tries", live)
+    # Exhausted, as the schedule would leave them (no scheduler runs here to retry them).
+    with live.engine.begin() as connection:
+        connection.execute(sa.update(Delivery).values(status=DeliveryStatus.DEAD.value))
+    live.hub.routes[path] = receiver  # the endpoint is back
+
+    log_in(page)
+    page.click("nav >> text=Dead letter")
+    expect(page.locator("table.dead tbody tr")).to_have_count(3)
+    expect(page.locator(".totals [data-status=dead]")).to_have_text("3")
+    assert metric(live, "usp_dead_letter_size") == 3
+
+    page.once("dialog", lambda dialog: dialog.accept())
+    page.click("button:has-text('Redrive all')")
+    expect(page).to_have_url(re.compile(r"/console/jobs/job_[0-9a-f]{32}$"))
+    expect(page.locator(".job-status")).to_contain_text("Done: 3 deliveries re-sent", timeout=60_000)
+    expect(page.locator("progress")).to_have_attribute("value", "3")
+    expect(page.locator("#job")).to_have_attribute("data-live", "")
+    screenshot(page, "console-redrive.png", tmp_path)
+    wait_until(lambda: sorted(receiver.handled) == sorted(dead), "every dead event delivered", live)
+
+    page.click("nav >> text=Dead letter")
+    expect(page.locator("main")).to_contain_text("Nothing is dead")
+    expect(page.locator(".totals [data-status=dead]")).to_have_count(0)
+    expect(page.locator(".totals [data-status=superseded]")).to_have_text("3")
+    assert metric(live, "usp_dead_letter_size") == 0
+
+
+def test_a_subscription_s_health_chart_and_controls(live: Live, page: Page, tmp_path: Path) -> None:
+    receiver = UspReceiver(live.jwks)
+    healthy = live.subscribe(live.endpoint("healthy", receiver)[0])
+    failing = live.subscribe(live.endpoint("failing", Answer(500))[0])
+    sent = [booking_event(live, "booking.confirmed", f"bkg_health_{n}") for n in range(4)]
+    wait_until(lambda: sorted(receiver.handled) == sorted(sent), "delivered to the healthy one", live)
+    wait_until(
+        lambda: sum(d.attempt_count for d in deliveries(live.engine) if d.subscription_id == failing) >= 4,
+        "tried at the failing one",
+        live,
+    )
+
+    log_in(page)
+    page.click("nav >> text=Subscriptions")
+    expect(page.locator("table.subscriptions tbody tr")).to_have_count(2)
+    page.click(f"text={healthy}")
+    expect(page.locator(".success-rate")).to_contain_text("100.0% of 4 attempts")
+    expect(page.locator(".latency")).to_contain_text("p50")
+    expect(page.locator("#activity-chart")).to_have_attribute("data-drawn", "1")
+    expect(page.locator("#activity-chart canvas")).to_have_count(1)
+
+    page.fill("input[name=per_second]", "many")
+    page.click("button:has-text('Set limit')")
+    expect(page.get_by_role("alert")).to_contain_text("not a whole number")
+    page.fill("input[name=per_second]", "5")
+    page.click("button:has-text('Set limit')")
+    expect(page.locator(".rate-limit")).to_have_text("5 deliveries/s")
+    assert rate_limit(live, healthy) == 5
+
+    page.once("dialog", lambda dialog: dialog.accept())
+    page.click("button:has-text('Disable')")
+    expect(page.locator(".disabled-reason")).to_contain_text("disabled by an operator")
+    page.once("dialog", lambda dialog: dialog.accept())
+    page.click("button:has-text('Enable')")
+    expect(page.locator(".health")).to_contain_text("active")
+    expect(page.locator(".disabled-reason")).to_have_count(0)
+
+    page.goto(f"/console/subscriptions/{failing}")
+    expect(page.locator(".failures")).not_to_contain_text("0 in a row")
+    expect(page.locator("#activity-chart")).to_have_attribute("data-drawn", re.compile(r"[1-9]"))
+    screenshot(page, "console-subscription.png", tmp_path)
+
+
+def rate_limit(live: Live, subscription_id: str) -> int | None:
+    with Session(live.engine) as session:
+        row = session.get(Subscription, subscription_id)
+        assert row is not None
+        return row.rate_limit
