@@ -1,5 +1,5 @@
 """The console's pages and actions: login, events (and replay), the dead letter (and redrive),
-jobs, subscriptions (health, activity, enable/disable, rate limit).
+jobs, subscriptions (health, activity, enable/disable, rate limit), signing keys (rotate).
 
 Pages need the session cookie (without it: a redirect to the login page); actions are POSTs that
 also need the session's CSRF token and, when the browser sends one, an ``Origin`` of this host.
@@ -23,7 +23,7 @@ from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
 from sqlalchemy.engine import Engine
 
-from usp_workers import activity, metrics, operations, tasks
+from usp_workers import activity, keys, metrics, operations, tasks
 from usp_workers.models import DeliveryStatus, SubscriptionState
 from usp_workers.operations import DeadLetterFilter, EventFilter
 from usp_workers.settings import Settings
@@ -421,6 +421,55 @@ async def set_rate_limit(
             request, db, console, subscription_id, problem=exc.detail, status_code=422
         )
     return _redirect(f"/console/subscriptions/{subscription_id}")
+
+
+# ------------------------------------------------------------------------------- keys
+
+#: What a key may be rotated to: the algorithms every USP verifier must accept.
+_ROTATE_ALGS: Final = ("ed25519", "ecdsa-p256-sha256")
+
+
+@router.get("/keys", response_class=HTMLResponse)
+async def signing_keys(
+    request: Request,
+    db: SessionDep,
+    settings: SettingsDep,
+    console: PageDep,
+    rotated: Annotated[str, Query(max_length=64)] = "",
+) -> Response:
+    """The signing keys' public facts and where each is in its rotation."""
+    facts = await _call(keys.describe_keys, db, settings)
+    context = {
+        "console": console,
+        "keys": facts,
+        "algs": _ROTATE_ALGS,
+        "rotated": rotated,
+        "settings": settings,
+    }
+    return _render(request, "keys.html", context)
+
+
+@router.post("/keys/rotate")
+async def rotate_key(
+    db: SessionDep,
+    settings: SettingsDep,
+    console: ActionDep,
+    alg: Annotated[str, Form(max_length=32)] = "ed25519",
+) -> Response:
+    """A new key: published at once, signing after the publish lead (see ``POST /admin/keys/rotate``)."""
+    if alg not in _ROTATE_ALGS:
+        raise HTTPProblem(
+            422, "invalid_alg", "Invalid request", f"keys are rotated to one of {', '.join(_ROTATE_ALGS)}"
+        )
+    kid = await _call(_rotate, db, settings, alg)
+    return _redirect(f"/console/keys?rotated={kid}")
+
+
+def _rotate(db: SessionDep, settings: Settings, alg: str) -> str:
+    record, _ = keys.rotate_or_first(db, settings, alg=alg)
+    kid = record.kid
+    db.commit()
+    return kid
 
 
 # ------------------------------------------------------------------------------- helpers

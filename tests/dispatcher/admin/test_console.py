@@ -268,3 +268,26 @@ def rate_limit(live: Live, subscription_id: str) -> int | None:
         row = session.get(Subscription, subscription_id)
         assert row is not None
         return row.rate_limit
+
+
+def test_the_keys_page_rotates_a_key_that_is_published_before_it_signs(live: Live, page: Page) -> None:
+    log_in(page)
+    page.click("nav >> text=Keys")
+    rows = page.locator("table.keys tbody tr")
+    expect(rows).to_have_count(1)
+    expect(rows.first).to_contain_text("signing")
+    [first] = [k["kid"] for k in httpx.get(live.base + "/.well-known/usp/jwks.json").json()["keys"]]
+
+    page.select_option("select[name=alg]", "ecdsa-p256-sha256")
+    page.once("dialog", lambda dialog: dialog.accept())
+    page.click("button:has-text('Rotate')")
+    expect(page.get_by_role("status")).to_contain_text("Added")
+    expect(rows).to_have_count(2)
+    new = rows.first
+    expect(new).to_contain_text("published, not signing yet")
+    expect(new).to_contain_text("ecdsa-p256-sha256")
+    kid = new.get_attribute("data-kid")
+    published = {k["kid"] for k in httpx.get(live.base + "/.well-known/usp/jwks.json").json()["keys"]}
+    assert published == {first, kid}
+    expect(page.locator("table.keys")).not_to_contain_text("PRIVATE")
+    assert '"d"' not in page.content(), "no private key material on the page"
