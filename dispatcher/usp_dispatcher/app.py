@@ -102,6 +102,7 @@ def create_app(
     app.include_router(ucap_routes.router)
     app.include_router(ucap_routes.admin_router)
     app.include_router(console.router)
+    app.include_router(console.portal.router)
     app.mount(console.STATIC_PATH, console.static_files(), name="console-static")
     mcp_endpoint = mount_mcp(app, resolved, session_idle_timeout=resolved.mcp_session_idle_seconds)
     return app

@@ -100,6 +100,7 @@ def register(app: typer.Typer) -> None:
     app.command()(recover)
     app.command()(trigger)
     app.command()(listen)
+    app.command("portal-link")(portal_link)
 
 
 # ------------------------------------------------------------------------------- the API
@@ -503,6 +504,25 @@ def subscriptions_rate_limit(
     limit = health["rate_limit"]
     shown = "no rate limit" if limit is None else f"at most {limit} deliveries per second"
     console.print(f"{health['id']}: {shown}", markup=False)
+
+
+# ------------------------------------------------------------------------------- portal
+
+
+def portal_link(
+    platform: Annotated[
+        str, typer.Argument(help="The platform's profile URI (the platform_profile of its subscriptions).")
+    ],
+    url: Url = DEFAULT_URL,
+    token: Token = None,
+) -> None:
+    """Print a link into the platform portal for one platform, valid 15 minutes: its own
+    subscriptions, deliveries, test events, replays and verification snippets. Whoever opens it
+    acts as that platform there: send it to the platform only."""
+    with AdminClient(url, token) as api:
+        link = api.call("POST", "/admin/portal-links", json={"platform": platform})
+    typer.echo(link["url"])  # unwrapped: a terminal must be able to copy it whole
+    typer.echo(f"valid until {link['expires_at']}")
 
 
 # ------------------------------------------------------------------------------- trigger, listen

@@ -567,6 +567,41 @@ def dead_letter(
     return Page(items, encode_cursor(rows[-1].id) if more else None)
 
 
+def platform_deliveries(
+    session: Session,
+    platform_profile: str,
+    *,
+    subscription_id: str | None = None,
+    event_id: str | None = None,
+    cursor: str | None = None,
+    limit: int = 50,
+) -> Page[DeliveryView]:
+    """Deliveries to the subscriptions of one platform (``platform_profile``), newest first, each
+    with its attempts and event type; narrowed to one of its subscriptions or one event. Never
+    another platform's, nor the business's own: what the platform portal shows."""
+    limit = _clamp(limit)
+    statement = (
+        sa.select(_deliveries, _events.c.event_type)
+        .join(_events, _events.c.id == _deliveries.c.event_id)
+        .join(_subscriptions, _subscriptions.c.id == _deliveries.c.subscription_id)
+        .where(_subscriptions.c.platform_profile == platform_profile)
+        .order_by(_deliveries.c.id.desc())
+        .limit(limit + 1)
+    )
+    if subscription_id is not None:
+        statement = statement.where(_deliveries.c.subscription_id == subscription_id)
+    if event_id is not None:
+        statement = statement.where(_deliveries.c.event_id == event_id)
+    if cursor is not None:
+        statement = statement.where(_deliveries.c.id < decode_cursor(cursor))
+    rows = session.connection().execute(statement).all()
+    more = len(rows) > limit
+    rows = rows[:limit]
+    attempts = _attempts_of(session.connection(), [row.id for row in rows])
+    items = [_delivery_view(row, event_type=row.event_type, attempts=attempts.get(row.id)) for row in rows]
+    return Page(items, encode_cursor(rows[-1].id) if more else None)
+
+
 def _attempts_of(connection: sa.Connection, delivery_ids: list[str]) -> dict[str, list[AttemptView]]:
     """Every attempt of each delivery, in order."""
     attempts: dict[str, list[AttemptView]] = {}

@@ -77,6 +77,7 @@ def emit(
     event: WebhookEvent | Mapping[str, Any] | bytes | str,
     *,
     audience: str | None = None,
+    to: str | None = None,
 ) -> EventRecord:
     """Record ``event`` and one delivery per active subscription that it matches and that
     ``audience`` :func:`reaches`, in ``session``'s transaction; hand the deliveries to the broker
@@ -85,6 +86,7 @@ def emit(
     ``audience`` (stored as :attr:`EventRecord.audience`, so replays and back-fills route the
     same way): ``None`` for a public event (the catalog), ``""`` for one only the business may
     see, a platform's profile URI for one about that platform's booking or waitlist entry.
+    ``to``: that subscription only (a test event a platform asked for), under the same rules.
 
     The caller owns the transaction: call this inside the same unit of work as the state change
     the event reports, then commit both together.
@@ -113,7 +115,8 @@ def emit(
     rows = []
     for subscription in subscriptions:
         if not (
-            reaches(subscription.platform_profile, audience)
+            (to is None or subscription.id == to)
+            and reaches(subscription.platform_profile, audience)
             and event_matches(model.event, subscription.patterns)
         ):
             continue

@@ -10,17 +10,12 @@ from __future__ import annotations
 import hmac
 import json
 import logging
-from collections.abc import Callable
-from datetime import UTC, datetime
-from pathlib import Path
-from typing import Annotated, Any, Final, TypeVar
+from datetime import datetime
+from typing import Annotated, Any, Final
 from urllib.parse import urlsplit
 
 from fastapi import APIRouter, Depends, Form, HTTPException, Query, Request
-from fastapi.concurrency import run_in_threadpool
-from fastapi.responses import HTMLResponse, RedirectResponse, Response
-from fastapi.staticfiles import StaticFiles
-from fastapi.templating import Jinja2Templates
+from fastapi.responses import HTMLResponse, Response
 from sqlalchemy.engine import Engine
 
 from usp_workers import activity, keys, metrics, operations, tasks
@@ -31,41 +26,14 @@ from usp_workers.settings import Settings
 from ..deps import SessionDep, SettingsDep, get_engine
 from ..problems import HTTPProblem
 from . import session as login
-from .session import ConsoleSession
+from .session import Login
+from .web import HEADERS, UNSETTLED, call, redirect, render, utc
 
-__all__ = ["STATIC_PATH", "router", "static_files"]
-
-logger = logging.getLogger("usp_dispatcher")
-
-STATIC_PATH: Final = "/console/static"
-_HERE = Path(__file__).parent
-_T = TypeVar("_T")
-_UNSETTLED: Final = frozenset({DeliveryStatus.PENDING.value, DeliveryStatus.IN_FLIGHT.value})
-#: Every console answer: no framing, no inline script, nothing cached, no referrer elsewhere.
-_HEADERS: Final = {
-    "Content-Security-Policy": "default-src 'self'; script-src 'self'; style-src 'self'; "
-    "frame-ancestors 'none'; form-action 'self'; base-uri 'none'",
-    "X-Frame-Options": "DENY",
-    "X-Content-Type-Options": "nosniff",
-    "Referrer-Policy": "same-origin",
-    "Cache-Control": "no-store",
-}
+__all__ = ["router"]
 
 router = APIRouter(prefix="/console", include_in_schema=False)
-templates = Jinja2Templates(directory=_HERE / "templates")
 
-
-def _when(moment: datetime | None) -> str:
-    return "" if moment is None else _utc(moment).strftime("%Y-%m-%d %H:%M:%S UTC")
-
-
-templates.env.filters["when"] = _when
-
-
-def static_files() -> StaticFiles:
-    """The stylesheet and script, shipped in the package (mounted at :data:`STATIC_PATH`)."""
-    return StaticFiles(directory=_HERE / "static")
-
+logger = logging.getLogger("usp_dispatcher")
 
 # ------------------------------------------------------------------------------- guards
 
@@ -74,16 +42,16 @@ def _admin_token(settings: Settings) -> str:
     return settings.admin_token.get_secret_value() if settings.admin_token is not None else ""
 
 
-async def _page_session(request: Request, settings: SettingsDep) -> ConsoleSession:
+async def _page_session(request: Request, settings: SettingsDep) -> Login:
     found = login.read(request.cookies.get(login.COOKIE), _admin_token(settings))
     if found is None:
-        raise HTTPException(303, "log in first", headers={"Location": "/console/login", **_HEADERS})
+        raise HTTPException(303, "log in first", headers={"Location": "/console/login", **HEADERS})
     return found
 
 
 async def _action_session(
     request: Request, settings: SettingsDep, csrf: Annotated[str | None, Form(max_length=128)] = None
-) -> ConsoleSession:
+) -> Login:
     found = login.read(request.cookies.get(login.COOKIE), _admin_token(settings))
     if found is None:
         raise HTTPProblem(401, "console_login_required", "Unauthorized", "Log in at /console/login first.")
@@ -96,8 +64,8 @@ async def _action_session(
     return found
 
 
-PageDep = Annotated[ConsoleSession, Depends(_page_session)]
-ActionDep = Annotated[ConsoleSession, Depends(_action_session)]
+PageDep = Annotated[Login, Depends(_page_session)]
+ActionDep = Annotated[Login, Depends(_action_session)]
 
 
 # ------------------------------------------------------------------------------- login
@@ -105,12 +73,12 @@ ActionDep = Annotated[ConsoleSession, Depends(_action_session)]
 
 @router.get("", response_class=HTMLResponse)
 async def home(console: PageDep) -> Response:
-    return _redirect("/console/events")
+    return redirect("/console/events")
 
 
 @router.get("/login", response_class=HTMLResponse)
 async def login_form(request: Request, settings: SettingsDep) -> Response:
-    return _render(request, "login.html", {"configured": bool(_admin_token(settings)), "failed": False})
+    return render(request, "login.html", {"configured": bool(_admin_token(settings)), "failed": False})
 
 
 @router.post("/login", response_class=HTMLResponse)
@@ -120,8 +88,8 @@ async def log_in(
     configured = _admin_token(settings)
     if not configured or not hmac.compare_digest(token.encode(), configured.encode()):
         context = {"configured": bool(configured), "failed": True}
-        return _render(request, "login.html", context, status_code=401)
-    response = _redirect("/console/events")
+        return render(request, "login.html", context, status_code=401)
+    response = redirect("/console/events")
     response.set_cookie(
         login.COOKIE,
         login.issue(configured),
@@ -136,7 +104,7 @@ async def log_in(
 
 @router.post("/logout")
 async def log_out(console: ActionDep) -> Response:
-    response = _redirect("/console/login")
+    response = redirect("/console/login")
     response.delete_cookie(login.COOKIE, path="/console", httponly=True, samesite="strict")
     return response
 
@@ -169,14 +137,14 @@ async def events(
             until=_moment(until, "until"),
             delivery_status=_status(status),
         )
-        page = await _call(operations.list_events, db, filters, cursor=cursor or None, limit=50)
+        page = await call(operations.list_events, db, filters, cursor=cursor or None, limit=50)
     except operations.OperationError as exc:
         context |= {"problem": exc.detail, "page": None}
-        return _render(request, "events.html", context, status_code=422)
+        return render(request, "events.html", context, status_code=422)
     next_query = {k: v for k, v in asked.items() if v}
     if page.next_cursor:
         next_query["cursor"] = page.next_cursor
-    return _render(request, "events.html", context | {"page": page, "next_query": next_query})
+    return render(request, "events.html", context | {"page": page, "next_query": next_query})
 
 
 @router.get("/events/{event_id}", response_class=HTMLResponse)
@@ -201,16 +169,16 @@ async def replay(
     subscription_id: Annotated[str, Form(max_length=40)] = "",
 ) -> Response:
     try:
-        done = await _call(operations.replay_event, db, event_id, subscription_id=subscription_id or None)
+        done = await call(operations.replay_event, db, event_id, subscription_id=subscription_id or None)
     except operations.OperationError as exc:
         return await _event_page(request, db, console, event_id, problem=exc.detail, status_code=409)
-    return _redirect(f"/console/events/{done.event_id}?replayed={len(done.deliveries)}")
+    return redirect(f"/console/events/{done.event_id}?replayed={len(done.deliveries)}")
 
 
 async def _event_page(
     request: Request,
     db: SessionDep,
-    console: ConsoleSession,
+    console: Login,
     event_id: str,
     *,
     replayed: int | None = None,
@@ -218,18 +186,18 @@ async def _event_page(
     status_code: int = 200,
 ) -> Response:
     try:
-        detail = await _call(operations.event_detail, db, event_id)
+        detail = await call(operations.event_detail, db, event_id)
     except operations.NotFound as exc:
-        return _render(request, "missing.html", {"console": console, "problem": exc.detail}, status_code=404)
+        return render(request, "missing.html", {"console": console, "problem": exc.detail}, status_code=404)
     context = {
         "console": console,
         "detail": detail,
         "payload": json.dumps(detail.payload, indent=2, ensure_ascii=False),
-        "unsettled": any(d.status in _UNSETTLED for d in detail.deliveries),
+        "unsettled": any(d.status in UNSETTLED for d in detail.deliveries),
         "replayed": replayed,
         "problem": problem,
     }
-    return _render(request, "event.html", context, status_code=status_code)
+    return render(request, "event.html", context, status_code=status_code)
 
 
 # ------------------------------------------------------------------------------- dead letter, jobs
@@ -251,21 +219,21 @@ async def dead_letter(
     """Dead deliveries, newest first, filtered as a redrive can be; the totals by status are the
     numbers ``/metrics`` reports (the same snapshot function)."""
     asked = {"subscription": subscription, "type": type, "since": since, "until": until}
-    snap = await _call(metrics.snapshot, engine, settings)
+    snap = await call(metrics.snapshot, engine, settings)
     totals: dict[str, int] = {}
     for (status, _), count in snap.deliveries.items():
         totals[status] = totals.get(status, 0) + count
     context: dict[str, Any] = {"console": console, "asked": asked, "totals": totals, "dead": snap.dead}
     try:
         filters = _dead_filter(subscription, type, since, until)
-        page = await _call(operations.dead_letter, db, filters, cursor=cursor or None, limit=50)
+        page = await call(operations.dead_letter, db, filters, cursor=cursor or None, limit=50)
     except operations.OperationError as exc:
         context |= {"problem": exc.detail, "page": None}
-        return _render(request, "dead_letter.html", context, status_code=422)
+        return render(request, "dead_letter.html", context, status_code=422)
     next_query = {k: v for k, v in asked.items() if v}
     if page.next_cursor:
         next_query["cursor"] = page.next_cursor
-    return _render(request, "dead_letter.html", context | {"page": page, "next_query": next_query})
+    return render(request, "dead_letter.html", context | {"page": page, "next_query": next_query})
 
 
 @router.post("/dead-letter/redrive")
@@ -281,9 +249,9 @@ async def redrive(
     """Start a redrive job of the dead deliveries the filters select; its page shows progress."""
     try:
         filters = _dead_filter(subscription, type, since, until)
-        job = await _call(operations.start_redrive, db, filters)
+        job = await call(operations.start_redrive, db, filters)
     except operations.OperationError as exc:
-        return _render(request, "missing.html", {"console": console, "problem": exc.detail}, status_code=422)
+        return render(request, "missing.html", {"console": console, "problem": exc.detail}, status_code=422)
     return await _hand_to_workers(job)
 
 
@@ -297,19 +265,19 @@ async def job(
 ) -> Response:
     """A recover or redrive job; refreshed while it runs."""
     try:
-        found = await _call(operations.get_job, db, job_id)
+        found = await call(operations.get_job, db, job_id)
     except operations.NotFound as exc:
-        return _render(request, "missing.html", {"console": console, "problem": exc.detail}, status_code=404)
-    return _render(request, "job.html", {"console": console, "job": found, "unsent": unsent})
+        return render(request, "missing.html", {"console": console, "problem": exc.detail}, status_code=404)
+    return render(request, "job.html", {"console": console, "job": found, "unsent": unsent})
 
 
 @router.post("/jobs/{job_id}/resume")
 async def resume(job_id: str, db: SessionDep, console: ActionDep) -> Response:
     """Send a job to the workers again (its worker died, or the broker refused it)."""
     try:
-        found = await _call(operations.resume_job, db, job_id)
+        found = await call(operations.resume_job, db, job_id)
     except operations.NotFound:
-        return _redirect(f"/console/jobs/{job_id}")
+        return redirect(f"/console/jobs/{job_id}")
     return await _hand_to_workers(found)
 
 
@@ -318,11 +286,11 @@ async def _hand_to_workers(job: operations.JobView) -> Response:
     so and offers to resume it (as ``/admin`` answers 503)."""
     if job.status == "running":
         try:
-            await _call(tasks.enqueue_job, job.id)
+            await call(tasks.enqueue_job, job.id)
         except Exception:
             logger.exception("could not send job %s to the workers", job.id)
-            return _redirect(f"/console/jobs/{job.id}?unsent=true")
-    return _redirect(f"/console/jobs/{job.id}")
+            return redirect(f"/console/jobs/{job.id}?unsent=true")
+    return redirect(f"/console/jobs/{job.id}")
 
 
 def _dead_filter(subscription: str, event_type: str, since: str, until: str) -> DeadLetterFilter:
@@ -347,10 +315,10 @@ async def subscriptions(
 ) -> Response:
     """Every subscription with its health, oldest first."""
     chosen = SubscriptionState(state) if state in set(SubscriptionState) else None
-    page = await _call(operations.list_subscriptions, db, state=chosen, cursor=cursor or None, limit=50)
+    page = await call(operations.list_subscriptions, db, state=chosen, cursor=cursor or None, limit=50)
     next_query = {"state": state, "cursor": page.next_cursor} if page.next_cursor else None
     context = {"console": console, "page": page, "state": state, "next_query": next_query}
-    return _render(request, "subscriptions.html", context)
+    return render(request, "subscriptions.html", context)
 
 
 @router.get("/subscriptions/{subscription_id}", response_class=HTMLResponse)
@@ -362,23 +330,23 @@ async def subscription(request: Request, subscription_id: str, db: SessionDep, c
 async def _subscription_page(
     request: Request,
     db: SessionDep,
-    console: ConsoleSession,
+    console: Login,
     subscription_id: str,
     *,
     problem: str | None = None,
     status_code: int = 200,
 ) -> Response:
     try:
-        found = await _call(operations.subscription_health, db, subscription_id)
+        found = await call(operations.subscription_health, db, subscription_id)
     except operations.NotFound as exc:
-        return _render(request, "missing.html", {"console": console, "problem": exc.detail}, status_code=404)
-    recent = await _call(activity.subscription_activity, db, subscription_id)
+        return render(request, "missing.html", {"console": console, "problem": exc.detail}, status_code=404)
+    recent = await call(activity.subscription_activity, db, subscription_id)
     chart = {
         "minutes": [int(m.timestamp()) for m in recent.minutes],
         "series": dict(sorted(recent.per_minute.items())),
     }
     context = {"console": console, "s": found, "activity": recent, "chart": chart, "problem": problem}
-    return _render(request, "subscription.html", context, status_code=status_code)
+    return render(request, "subscription.html", context, status_code=status_code)
 
 
 @router.post("/subscriptions/{subscription_id}/state")
@@ -390,12 +358,12 @@ async def set_state(
     enabled: Annotated[bool, Form()],
 ) -> Response:
     try:
-        await _call(operations.set_subscription_state, db, subscription_id, enabled=enabled)
+        await call(operations.set_subscription_state, db, subscription_id, enabled=enabled)
     except operations.OperationError as exc:
         return await _subscription_page(
             request, db, console, subscription_id, problem=exc.detail, status_code=409
         )
-    return _redirect(f"/console/subscriptions/{subscription_id}")
+    return redirect(f"/console/subscriptions/{subscription_id}")
 
 
 @router.post("/subscriptions/{subscription_id}/rate-limit")
@@ -415,12 +383,12 @@ async def set_rate_limit(
             request, db, console, subscription_id, problem=problem, status_code=422
         )
     try:
-        await _call(operations.set_rate_limit, db, subscription_id, limit)
+        await call(operations.set_rate_limit, db, subscription_id, limit)
     except operations.OperationError as exc:
         return await _subscription_page(
             request, db, console, subscription_id, problem=exc.detail, status_code=422
         )
-    return _redirect(f"/console/subscriptions/{subscription_id}")
+    return redirect(f"/console/subscriptions/{subscription_id}")
 
 
 # ------------------------------------------------------------------------------- keys
@@ -438,7 +406,7 @@ async def signing_keys(
     rotated: Annotated[str, Query(max_length=64)] = "",
 ) -> Response:
     """The signing keys' public facts and where each is in its rotation."""
-    facts = await _call(keys.describe_keys, db, settings)
+    facts = await call(keys.describe_keys, db, settings)
     context = {
         "console": console,
         "keys": facts,
@@ -446,7 +414,7 @@ async def signing_keys(
         "rotated": rotated,
         "settings": settings,
     }
-    return _render(request, "keys.html", context)
+    return render(request, "keys.html", context)
 
 
 @router.post("/keys/rotate")
@@ -461,8 +429,8 @@ async def rotate_key(
         raise HTTPProblem(
             422, "invalid_alg", "Invalid request", f"keys are rotated to one of {', '.join(_ROTATE_ALGS)}"
         )
-    kid = await _call(_rotate, db, settings, alg)
-    return _redirect(f"/console/keys?rotated={kid}")
+    kid = await call(_rotate, db, settings, alg)
+    return redirect(f"/console/keys?rotated={kid}")
 
 
 def _rotate(db: SessionDep, settings: Settings, alg: str) -> str:
@@ -475,18 +443,6 @@ def _rotate(db: SessionDep, settings: Settings, alg: str) -> str:
 # ------------------------------------------------------------------------------- helpers
 
 
-async def _call(function: Callable[..., _T], *args: Any, **kwargs: Any) -> _T:
-    return await run_in_threadpool(function, *args, **kwargs)
-
-
-def _render(request: Request, name: str, context: dict[str, Any], *, status_code: int = 200) -> Response:
-    return templates.TemplateResponse(request, name, context, status_code=status_code, headers=_HEADERS)
-
-
-def _redirect(location: str) -> Response:
-    return RedirectResponse(location, status_code=303, headers=_HEADERS)
-
-
 def _moment(text: str, name: str) -> datetime | None:
     """A form's ``datetime-local`` (no offset: UTC) or an RFC 3339 time."""
     if not text:
@@ -495,11 +451,7 @@ def _moment(text: str, name: str) -> datetime | None:
         moment = datetime.fromisoformat(text)
     except ValueError:
         raise operations.InvalidRequest("invalid_time", f"{name}: {text!r} is not a date and time") from None
-    return _utc(moment)
-
-
-def _utc(moment: datetime) -> datetime:
-    return moment.replace(tzinfo=UTC) if moment.tzinfo is None else moment.astimezone(UTC)
+    return utc(moment)
 
 
 def _status(text: str) -> DeliveryStatus | None:

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Annotated, Any, Literal, TypeVar
 
-from fastapi import APIRouter, Body, Query
+from fastapi import APIRouter, Body, Query, Request
 from fastapi.concurrency import run_in_threadpool
 from pydantic import BaseModel, ConfigDict, Field
 from sqlmodel import Session
@@ -24,6 +24,7 @@ from usp_workers.operations import DeadLetterFilter, EventFilter
 from usp_workers.settings import Settings
 
 from ..auth import AdminDep
+from ..console import portal
 from ..deps import SessionDep, SettingsDep
 from ..problems import HTTPProblem
 
@@ -535,6 +536,30 @@ def _rotate(session: Session, settings: Settings, alg: str) -> RotateOut:
         signs_from=record.signs_from,
         older_keys_retire_at=retiring,
     )
+
+
+# ------------------------------------------------------------------------------- portal links
+
+
+class PortalLinkIn(BaseModel):
+    platform: str = Field(
+        min_length=1,
+        max_length=2048,
+        description="the platform's profile URI (its subscriptions' platform_profile)",
+    )
+
+
+class PortalLinkOut(BaseModel):
+    url: str = Field(description="opens the platform portal as this platform; hand it to the platform only")
+    expires_at: datetime
+
+
+@router.post("/portal-links", status_code=201, response_model=PortalLinkOut)
+async def portal_link(request: Request, settings: SettingsDep, body: PortalLinkIn) -> PortalLinkOut:
+    """A short-lived link into the platform portal for one platform: its subscriptions,
+    deliveries, test events, replays and verification snippets, and nothing of anyone else's."""
+    link, expires = portal.link(settings, body.platform, base_url=str(request.base_url))
+    return PortalLinkOut(url=link, expires_at=expires)
 
 
 # ------------------------------------------------------------------------------- helpers

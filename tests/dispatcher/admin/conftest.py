@@ -4,9 +4,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from playwright.sync_api import Browser
 from sqlalchemy.engine import Engine
 
 from ..conftest import MakeSettings, Serve
+from .browser import launched_chromium
 from .live import Live, running_service
 
 
@@ -14,3 +16,8 @@ from .live import Live, running_service
 def live(make_settings: MakeSettings, serve: Serve, engine: Engine, tmp_path: Path) -> Iterator[Live]:
     with running_service(make_settings, serve, engine, tmp_path) as service:
         yield service
+
+
+@pytest.fixture(scope="session")
+def browser() -> Iterator[Browser]:
+    yield from launched_chromium()

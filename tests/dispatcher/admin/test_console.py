@@ -2,16 +2,13 @@
 against the whole service (API under uvicorn, a real Celery worker, receivers that verify every
 signature), on PostgreSQL.
 
-``USP_CHROMIUM`` names the browser when it is not ``chromium`` on the PATH (``.ci/run`` installs
-Debian's). ``USP_UPDATE_SCREENSHOTS=1`` copies the screenshots the tests take into ``docs/``.
+The browser and the screenshots: :mod:`tests.dispatcher.admin.browser`.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import re
-import shutil
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,7 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 import sqlalchemy as sa
-from playwright.sync_api import Browser, BrowserContext, Page, expect, sync_playwright
+from playwright.sync_api import Browser, BrowserContext, Page, expect
 from sqlmodel import Session
 
 from tests.workers.endpoints import Answer, UspReceiver
@@ -27,22 +24,10 @@ from usp_dispatcher.cli_admin import sample_event
 from usp_workers.models import Delivery, DeliveryStatus, Subscription
 
 from ..conftest import ADMIN, ADMIN_TOKEN
+from .browser import screenshot
 from .live import Live, deliveries, event_id_in, wait_until
 
 pytestmark = pytest.mark.parametrize("database_url", ["postgresql"], indirect=True)
-
-DOCS = Path(__file__).resolve().parents[3] / "docs"
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Browser]:
-    executable = os.environ.get("USP_CHROMIUM") or shutil.which("chromium")
-    if executable is None:
-        pytest.fail("no Chromium: install Debian's package `chromium` (as .ci/run does) or set USP_CHROMIUM")
-    with sync_playwright() as playwright:
-        launched = playwright.chromium.launch(executable_path=executable, headless=True)
-        yield launched
-        launched.close()
 
 
 @pytest.fixture
@@ -62,13 +47,6 @@ def log_in(page: Page, token: str = ADMIN_TOKEN) -> None:
     page.goto("/console/login")
     page.fill("input[name=token]", token)
     page.click("button:has-text('Log in')")
-
-
-def screenshot(page: Page, name: str, tmp_path: Path) -> None:
-    taken = tmp_path / name
-    page.screenshot(path=str(taken), full_page=True)
-    if os.environ.get("USP_UPDATE_SCREENSHOTS") == "1":
-        shutil.copyfile(taken, DOCS / name)
 
 
 def booking_event(live: Live, event_type: str, booking_id: str) -> str:

@@ -1,0 +1,65 @@
+"""What the console's and the portal's pages share: templates, security headers, static files."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Final, TypeVar
+
+from fastapi import Request
+from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import RedirectResponse, Response
+from fastapi.staticfiles import StaticFiles
+from fastapi.templating import Jinja2Templates
+
+from usp_workers.models import DeliveryStatus
+
+__all__ = ["HEADERS", "STATIC_PATH", "UNSETTLED", "call", "redirect", "render", "static_files", "utc"]
+
+STATIC_PATH: Final = "/console/static"
+_HERE = Path(__file__).parent
+_T = TypeVar("_T")
+#: Delivery states a page keeps refreshing for.
+UNSETTLED: Final = frozenset({DeliveryStatus.PENDING.value, DeliveryStatus.IN_FLIGHT.value})
+#: Every page and redirect: no framing, no inline script, nothing cached, no referrer elsewhere.
+HEADERS: Final = {
+    "Content-Security-Policy": "default-src 'self'; script-src 'self'; style-src 'self'; "
+    "frame-ancestors 'none'; form-action 'self'; base-uri 'none'",
+    "X-Frame-Options": "DENY",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "same-origin",
+    "Cache-Control": "no-store",
+}
+
+templates = Jinja2Templates(directory=_HERE / "templates")
+
+
+def utc(moment: datetime) -> datetime:
+    """A stored time (naive: UTC) or an input's, in UTC."""
+    return moment.replace(tzinfo=UTC) if moment.tzinfo is None else moment.astimezone(UTC)
+
+
+def _when(moment: datetime | None) -> str:
+    return "" if moment is None else utc(moment).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+templates.env.filters["when"] = _when
+
+
+def static_files() -> StaticFiles:
+    """The stylesheet, the script and the vendored chart library, shipped in the package."""
+    return StaticFiles(directory=_HERE / "static")
+
+
+async def call(function: Callable[..., _T], *args: Any, **kwargs: Any) -> _T:
+    """A blocking operation (database work) off the event loop."""
+    return await run_in_threadpool(function, *args, **kwargs)
+
+
+def render(request: Request, name: str, context: dict[str, Any], *, status_code: int = 200) -> Response:
+    return templates.TemplateResponse(request, name, context, status_code=status_code, headers=HEADERS)
+
+
+def redirect(location: str) -> Response:
+    return RedirectResponse(location, status_code=303, headers=HEADERS)
