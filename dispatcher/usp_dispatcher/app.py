@@ -15,9 +15,10 @@ from contextlib import asynccontextmanager
 
 import anyio.to_thread
 from fastapi import FastAPI
+from opentelemetry.instrumentation.fastapi import FastAPIInstrumentor
 from sqlalchemy.engine import Engine
 
-from usp_workers import db, keys, tasks
+from usp_workers import db, keys, tasks, tracing
 from usp_workers.heap import freeze_startup_heap
 from usp_workers.logs import configure_logging
 from usp_workers.settings import Settings
@@ -87,6 +88,10 @@ def create_app(
     )
     app.state.settings = resolved
     app.state.target_resolver = None
+    if tracing.enabled() or tracing.configure("usp-webhooks-api"):  # OTEL_EXPORTER_OTLP_ENDPOINT set
+        FastAPIInstrumentor.instrument_app(
+            app, excluded_urls="metrics,healthz,readyz,console/static", exclude_spans=["receive", "send"]
+        )
     install_problem_handlers(app)
     ucap_routes.install_ucap_errors(app)
     app.add_middleware(RefuseNul, skip=(MCP_PATH,))  # MCP checks its arguments itself

@@ -22,6 +22,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
     raise ImportError("usp_receiver.fastapi needs FastAPI: install usp-receiver[fastapi]") from exc
 
 from ._receive import PROBLEM_TYPE_BASE, Outcome, WebhookReceiver
+from ._tracing import traced
 from ._url import check_public_url, request_url
 from .asgi import DEFAULT_MAX_BODY_BYTES, declared_length, payload_too_large, read_limited
 
@@ -59,7 +60,8 @@ def webhook_router(
         if body is None:
             return _response(payload_too_large(max_body_bytes))
         url = request_url(request.scope, base)
-        return _response(await receiver.receive(request.method, url, request.scope["headers"], body))
+        headers = request.scope["headers"]
+        return _response(await traced(lambda: receiver.receive(request.method, url, headers, body), headers))
 
     router = APIRouter()
     router.add_api_route(

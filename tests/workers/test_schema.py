@@ -16,7 +16,7 @@ from alembic.autogenerate import compare_metadata
 from alembic.config import Config
 from alembic.migration import MigrationContext
 from sqlalchemy.engine import Engine
-from sqlmodel import Session, SQLModel
+from sqlmodel import SQLModel
 
 from usp_workers.db import MIGRATIONS, upgrade
 from usp_workers.models import Delivery, EventRecord, Subscription, utcnow
@@ -60,12 +60,20 @@ def test_the_superseded_migration_marks_dead_deliveries_already_delivered_again(
                 "updated_at": now,
             },
         )
-    with Session(database) as session:  # the events table is as 0004 left it
-        for event_id in ("evt_redriven", "evt_dead"):
-            session.add(
-                EventRecord(id=event_id, event_type="booking.confirmed", occurred_at=now, payload="{}")
-            )
-        session.commit()
+    with database.begin() as connection:  # the events table is as 0004 left it
+        connection.execute(
+            sa.insert(_as_of_0004(EventRecord)),
+            [
+                {
+                    "id": event_id,
+                    "event_type": "booking.confirmed",
+                    "occurred_at": now,
+                    "created_at": now,
+                    "payload": "{}",
+                }
+                for event_id in ("evt_redriven", "evt_dead")
+            ],
+        )
     with database.begin() as connection:
         connection.execute(
             sa.insert(_as_of_0004(Delivery)),
@@ -90,7 +98,7 @@ def test_the_superseded_migration_marks_dead_deliveries_already_delivered_again(
 
 
 #: Columns later migrations added.
-_AFTER_0004 = {"superseded_by", "subject_key", "subject_order", "ordering", "on_dead"}
+_AFTER_0004 = {"superseded_by", "subject_key", "subject_order", "ordering", "on_dead", "traceparent"}
 
 
 def _as_of_0004(model: type[SQLModel]) -> sa.TableClause:

@@ -35,6 +35,7 @@ from celery import Celery
 from celery.signals import after_setup_logger, worker_init, worker_process_init, worker_ready
 from kombu.entity import Queue
 
+from . import tracing
 from .embedded_broker import celery_broker
 from .heap import freeze_startup_heap
 from .logs import hook_celery_logging
@@ -220,6 +221,10 @@ def _freeze_startup_heap(**_: Any) -> None:
     freeze_startup_heap()
 
 
+def _trace(**_: Any) -> None:
+    tracing.configure("usp-webhooks-worker")  # only with OTEL_EXPORTER_OTLP_ENDPOINT set
+
+
 # Only where a worker starts (its main process, and each child of a prefork pool): the API and
 # the scheduler import this module too and keep Python's defaults.
 worker_init.connect(_tune_interpreter, weak=False)
@@ -228,6 +233,7 @@ worker_process_init.connect(_tune_interpreter, weak=False)
 # prefork, each child once initialised): see usp_workers.heap.
 worker_ready.connect(_freeze_startup_heap, weak=False)
 worker_process_init.connect(_freeze_startup_heap, weak=False)
+worker_init.connect(_trace, weak=False)  # prefork children inherit it (the SDK restarts its thread)
 
 #: The app ``celery -A usp_workers.celery_app worker`` runs, configured from the environment.
 app: Celery = make_celery(Settings())

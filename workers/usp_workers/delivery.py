@@ -45,7 +45,7 @@ import logging
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from functools import partial
@@ -53,11 +53,12 @@ from functools import partial
 import anyio
 import anyio.to_thread
 import httpx
+from opentelemetry.trace import SpanKind, StatusCode
 from sqlalchemy.engine import Engine
 
 from usp_receiver import SigningKey
 
-from . import health, ratelimit
+from . import health, ratelimit, tracing
 from .health import Gate, HealthPolicy, Tally
 from .keycache import current_signing_keys
 from .models import (
@@ -303,7 +304,9 @@ def _open(
     keys = current_signing_keys(engine, settings, now=now())
     claimed_at = now()
     lease_until = claimed_at + timedelta(seconds=settings.lease_seconds)
+    claim_began = time.time_ns()
     claimed, events, subscriptions = claim_and_load(engine, ids, now=claimed_at, lease_until=lease_until)
+    _trace_claim(claim_began, ids, claimed, events)
     report.claimed = len(claimed)
     if not claimed:
         return report
@@ -659,7 +662,28 @@ class _Batch:
         except Exception as exc:
             logger.exception("could not build delivery %s", delivery.id)
             return refused_result(exc, self.now())
-        return await send_once(self.client, target, body, headers, self.settings, now=self.now)
+        if not tracing.enabled():
+            return await send_once(self.client, target, body, headers, self.settings, now=self.now)
+        attributes = {
+            "http.request.method": "POST",
+            "url.full": subscription.url,
+            "server.address": target.host,
+            "usp.event_id": event.id,
+            "usp.delivery_id": delivery.id,
+            "usp.attempt": delivery.attempt_count + 1,
+        }
+        with tracing.span(
+            "usp.attempt", parent=event.traceparent, kind=SpanKind.CLIENT, attributes=attributes
+        ) as span:
+            tracing.inject(headers)  # after signing: traceparent is not a covered component
+            result = await send_once(self.client, target, body, headers, self.settings, now=self.now)
+            if span is not None:
+                if result.status_code is not None:
+                    span.set_attribute("http.response.status_code", result.status_code)
+                if result.error_class is not None or (result.status_code or 0) >= 400:
+                    span.set_attribute("error.type", result.error_class or str(result.status_code))
+                    span.set_status(StatusCode.ERROR)
+            return result
 
     def _conclude(
         self, delivery: Claimed, event: LoadedEvent, subscription: LoadedSubscription, result: TryResult
@@ -849,3 +873,16 @@ def _redacted(url: str) -> str:
 
 def _applied(result: DeliveryResult, applied: bool) -> DeliveryResult:
     return result if applied else replace(result, applied=False)
+
+
+def _trace_claim(
+    began: int, ids: Sequence[str], claimed: Sequence[Claimed], events: Mapping[str, LoadedEvent]
+) -> None:
+    """One span for the claim, in the trace of the first event claimed, linked to the others."""
+    if not tracing.enabled():
+        return
+    parents = [e.traceparent for e in events.values() if e.traceparent is not None]
+    attributes = {"usp.asked": len(ids), "usp.claimed": len(claimed)}
+    span = tracing.start_span("usp.claim", parents=parents, start_time=began, attributes=attributes)
+    if span is not None:
+        span.end()

@@ -149,6 +149,9 @@ class EventRecord(SQLModel, table=True):
         " platform): only that platform's subscriptions and the business's own (no profile) get"
         " it; null: every matching subscription",
     )
+    traceparent: str | None = Field(
+        default=None, max_length=64, description="W3C trace context of the call that emitted it (when traced)"
+    )
 
 
 class EventView(Protocol):

@@ -32,6 +32,7 @@ from sqlmodel import Session, SQLModel
 
 from usp_schemas import WebhookEvent, parse_event
 
+from . import tracing
 from .models import (
     Delivery,
     DeliveryStatus,
@@ -96,6 +97,22 @@ def emit(
     ...     emit(s, booking_confirmed_event(booking), audience=booking.platform_profile or "")
     ...     s.commit()
     """
+    if not tracing.enabled():
+        return _emit(session, event, audience=audience, to=to)
+    with tracing.span("usp.emit") as span:  # the outbox insert: deliveries continue this trace
+        record = _emit(session, event, audience=audience, to=to)
+        if span is not None:
+            span.set_attributes({"usp.event_id": record.id, "usp.event_type": record.event_type})
+        return record
+
+
+def _emit(
+    session: Session,
+    event: WebhookEvent | Mapping[str, Any] | bytes | str,
+    *,
+    audience: str | None,
+    to: str | None,
+) -> EventRecord:
     model = event if not isinstance(event, Mapping | bytes | str) else parse_event(event)
     payload = model.model_dump_json()
     now = utcnow()
@@ -109,6 +126,7 @@ def emit(
         created_at=now,
         payload=payload,
         audience=audience,
+        traceparent=tracing.traceparent(),
     )
     subscriptions = _active_subscriptions(session)
     session.add(record)
@@ -280,7 +298,8 @@ def _hand_off(session: Session) -> None:
     if not ids or _enqueuer is None:
         return
     try:
-        _enqueuer(ids)
+        with tracing.span("usp.handoff", attributes={"usp.deliveries": len(ids)}):
+            _enqueuer(ids)
     except Exception:
         # Committed is safe: the relay re-sends these once requeue_after_seconds have passed.
         logger.exception("broker hand-off failed for %d deliveries; the relay will retry", len(ids))

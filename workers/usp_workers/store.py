@@ -121,6 +121,7 @@ class LoadedEvent:
     id: str
     correlation_id: str | None
     payload: str
+    traceparent: str | None = None  #: the emitting call's trace, which the tries continue
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,7 +173,7 @@ def claim_and_load(
     for row in rows:
         claims.append(Claimed(row.id, row.event_id, row.subscription_id, row.attempt_count, row.subject_key))
         if row.payload is not None and row.event_id not in events:  # null: the event is gone
-            events[row.event_id] = LoadedEvent(row.event_id, row.correlation_id, row.payload)
+            events[row.event_id] = LoadedEvent(row.event_id, row.correlation_id, row.payload, row.traceparent)
         if row.url is not None and row.subscription_id not in subscriptions:
             subscriptions[row.subscription_id] = LoadedSubscription(
                 id=row.subscription_id,
@@ -272,6 +273,7 @@ def _read(claimed: Any) -> sa.Select[Any]:
             claimed.c.subject_key,
             events.correlation_id,
             events.payload,
+            events.traceparent,
             subscriptions.url,
             subscriptions.transport,
             subscriptions.state,

@@ -1,0 +1,113 @@
+"""OpenTelemetry traces of an event's way out: emit, hand-off, claim, each attempt.
+
+Off unless ``OTEL_EXPORTER_OTLP_ENDPOINT`` is set (the SDK's own ``OTEL_*`` variables configure
+the exporter); off, every helper here returns at once. The trace context of the call that
+emitted an event is stored with it (``usp_events.traceparent``), so the worker that delivers it,
+in another process and maybe hours later, continues that trace; each attempt sends its own as
+W3C ``traceparent`` (a header the signature does not cover).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from typing import Any, Final
+
+from opentelemetry import trace
+from opentelemetry.context import Context
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor, SpanExporter
+from opentelemetry.trace import Link, Span, SpanKind
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+__all__ = ["configure", "context_of", "disable", "enabled", "inject", "span", "start_span", "traceparent"]
+
+_PROPAGATOR: Final = TraceContextTextMapPropagator()
+_tracer: trace.Tracer | None = None
+
+
+def configure(service_name: str, *, exporter: SpanExporter | None = None) -> bool:
+    """Trace this process when ``OTEL_EXPORTER_OTLP_ENDPOINT`` is set (OTLP over HTTP, batched),
+    or into ``exporter`` (tests: every span at once). Returns whether tracing is on. The first
+    provider of a process stays (OpenTelemetry refuses to replace it)."""
+    global _tracer
+    if exporter is None:
+        if not os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT"):
+            return False
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+        processor: BatchSpanProcessor | SimpleSpanProcessor = BatchSpanProcessor(OTLPSpanExporter())
+    else:
+        processor = SimpleSpanProcessor(exporter)
+    name = os.environ.get("OTEL_SERVICE_NAME") or service_name
+    provider = TracerProvider(resource=Resource.create({"service.name": name}))
+    provider.add_span_processor(processor)
+    trace.set_tracer_provider(provider)
+    _tracer = trace.get_tracer("usp_workers")
+    return True
+
+
+def disable() -> None:
+    """Stop making spans (the provider stays; tests turn tracing on and off)."""
+    global _tracer
+    _tracer = None
+
+
+def enabled() -> bool:
+    return _tracer is not None
+
+
+def traceparent() -> str | None:
+    """The current span's W3C ``traceparent`` (``None`` when not tracing)."""
+    if _tracer is None:
+        return None
+    carrier: dict[str, str] = {}
+    _PROPAGATOR.inject(carrier)
+    return carrier.get("traceparent")
+
+
+def context_of(parent: str | None) -> Context | None:
+    """The context a stored or received ``traceparent`` names."""
+    if parent is None:
+        return None
+    return _PROPAGATOR.extract({"traceparent": parent})
+
+
+def inject(headers: dict[str, str]) -> None:
+    """Add the current span's ``traceparent`` (and ``tracestate``) to outgoing ``headers``."""
+    if _tracer is not None:
+        _PROPAGATOR.inject(headers)
+
+
+@contextmanager
+def span(
+    name: str,
+    *,
+    parent: str | None = None,
+    kind: SpanKind = SpanKind.INTERNAL,
+    attributes: Mapping[str, Any] | None = None,
+) -> Iterator[Span | None]:
+    """A current span (a child of ``parent``'s context when given, else of the current one), or
+    nothing when not tracing."""
+    if _tracer is None:
+        yield None
+        return
+    with _tracer.start_as_current_span(
+        name, context=context_of(parent), kind=kind, attributes=attributes
+    ) as made:
+        yield made
+
+
+def start_span(
+    name: str, *, parents: Sequence[str], start_time: int, attributes: Mapping[str, Any] | None = None
+) -> Span | None:
+    """A span that began at ``start_time`` (ns) for work done for many events at once (a claim):
+    the child of the first one's trace, linked to the others'. The caller ends it."""
+    if _tracer is None:
+        return None
+    contexts = [trace.get_current_span(context_of(p)).get_span_context() for p in parents]
+    links = [Link(c) for c in contexts[1:33] if c.is_valid]
+    first = context_of(parents[0]) if parents else None
+    return _tracer.start_span(name, context=first, links=links, start_time=start_time, attributes=attributes)
