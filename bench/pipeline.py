@@ -70,7 +70,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # for bench.api_pr
 from bench.api_process import cpu_seconds, group_cpu_seconds, or_zero
 from usp_receiver import SigningKey, sign_request
 from usp_schemas import BOOKING_CONFIRMED_EXAMPLE, new_event_id
-from usp_workers import outbox, store, tasks
+from usp_workers import outbox, store, tasks, tracing
 from usp_workers.celery_app import QUEUE, make_celery
 from usp_workers.db import make_engine, session, upgrade
 from usp_workers.heap import freeze_startup_heap
@@ -184,6 +184,26 @@ def run_receiver(port: int, jwks_path: str | None) -> None:
         ws="none",
         http="h11",
     )
+
+
+def run_span_sink(port: int) -> None:
+    """The OTLP/HTTP collector stand-in of ``--tracing`` (``pipeline.py sink PORT``): takes every
+    export and throws it away, so the figures are what tracing costs the pipeline's processes."""
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class Sink(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            self.send_response(200)
+            self.send_header("Content-Type", "application/x-protobuf")
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, format: str, *args: Any) -> None:
+            return
+
+    print("sink ready", flush=True)
+    ThreadingHTTPServer(("127.0.0.1", port), Sink).serve_forever()
 
 
 # ============================================================================ the naive design
@@ -627,6 +647,13 @@ def run_config(config: Config, args: argparse.Namespace, folder: Path) -> Result
         env = {k: v for k, v in os.environ.items() if not k.startswith("USP_")}
         env |= {f"USP_{k.upper()}": str(v) for k, v in fields.items()}
         env["PYTHONUNBUFFERED"] = "1"
+        if args.tracing:  # every process exports its spans to a local sink over OTLP/HTTP
+            sink_port = free_port()
+            sink = [sys.executable, str(Path(__file__).resolve()), "sink", str(sink_port)]
+            stack.start("sink", sink, env, folder).wait_for("sink ready")
+            env["OTEL_EXPORTER_OTLP_ENDPOINT"] = f"http://127.0.0.1:{sink_port}"
+            os.environ["OTEL_EXPORTER_OTLP_ENDPOINT"] = env["OTEL_EXPORTER_OTLP_ENDPOINT"]
+            tracing.configure("usp-bench-emitter")  # this process emits, as the API does
         engine = make_engine(settings)
         try:
             upgrade(engine)
@@ -917,6 +944,11 @@ def main() -> None:
         action="store_true",
         help="date the preload past retention: the scheduler prunes it meanwhile",
     )
+    parser.add_argument(
+        "--tracing",
+        action="store_true",
+        help="OpenTelemetry on in every process (OTLP/HTTP to a local sink that drops the spans)",
+    )
     parser.add_argument("--keep", action="store_true", help="keep the logs folder")
     parser.add_argument(
         "--timeline", action="store_true", help="print the paced phase's latency by second and stage"
@@ -956,7 +988,7 @@ def main() -> None:
 
     table = Table(
         title=f"USP webhook pipeline, {os.cpu_count()} cores (nproc), {args.events:,} events → one local "
-        f"receiver; {args.workers} worker processes"
+        f"receiver; {args.workers} worker processes{'; tracing on (OTLP/HTTP)' if args.tracing else ''}"
     )
     for column in ("design", "broker + database", "receiver", "deliveries/s", "paced at", "p50 ms", "p99 ms",
                    "CPU µs/delivery (burst)", "notes"):  # fmt: skip
@@ -987,5 +1019,7 @@ def main() -> None:
 if __name__ == "__main__":
     if len(sys.argv) >= 3 and sys.argv[1] == "receiver":
         run_receiver(int(sys.argv[2]), sys.argv[3] if len(sys.argv) > 3 else None)
+    elif len(sys.argv) == 3 and sys.argv[1] == "sink":
+        run_span_sink(int(sys.argv[2]))
     else:
         main()

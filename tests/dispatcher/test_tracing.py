@@ -166,3 +166,17 @@ async def test_an_uninstrumented_receiver_continues_the_sender_s_traceparent(
     )
     assert receipt.attributes is not None
     assert receipt.attributes["usp.event_id"] == "evt_traced"
+
+
+def test_an_unsampled_event_makes_no_attempt_span_and_passes_its_context_on() -> None:
+    assert tracing.sampled(None)
+    tracing.configure("usp-webhooks-test", exporter=EXPORTER)  # the default sampler follows the parent
+    try:
+        for flags, expected in (("00", False), ("02", False), ("01", True), ("03", True)):
+            parent = f"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-{flags}"
+            assert tracing.sampled(parent) is expected, flags
+            context = tracing.context_of(parent)
+            assert context is not None
+        assert tracing.context_of("00-not-a-traceparent") is None
+    finally:
+        tracing.disable()

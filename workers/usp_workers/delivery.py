@@ -675,7 +675,11 @@ class _Batch:
         with tracing.span(
             "usp.attempt", parent=event.traceparent, kind=SpanKind.CLIENT, attributes=attributes
         ) as span:
-            tracing.inject(headers)  # after signing: traceparent is not a covered component
+            # After signing: traceparent is not a covered component. Unsampled, the event's own.
+            if span is not None:
+                tracing.inject(headers)
+            elif event.traceparent is not None:
+                headers["traceparent"] = event.traceparent
             result = await send_once(self.client, target, body, headers, self.settings, now=self.now)
             if span is not None:
                 if result.status_code is not None:
