@@ -98,7 +98,15 @@ def test_the_superseded_migration_marks_dead_deliveries_already_delivered_again(
 
 
 #: Columns later migrations added.
-_AFTER_0004 = {"superseded_by", "subject_key", "subject_order", "ordering", "on_dead", "traceparent"}
+_AFTER_0004 = {
+    "superseded_by",
+    "subject_key",
+    "subject_order",
+    "ordering",
+    "on_dead",
+    "traceparent",
+    "key_ids",
+}
 
 
 def _as_of_0004(model: type[SQLModel]) -> sa.TableClause:

@@ -48,7 +48,8 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
-from functools import partial
+from functools import cached_property, partial
+from typing import Final
 
 import anyio
 import anyio.to_thread
@@ -367,6 +368,11 @@ class _Batch:
     @property
     def policy(self) -> HealthPolicy:
         return HealthPolicy.from_settings(self.settings)
+
+    @cached_property
+    def key_ids(self) -> str:
+        """The kids every try of the batch is signed with, ``sig1`` first."""
+        return ",".join(key.kid for key in self.keys)
 
     def sent(self) -> None:
         """Every try of the batch has ended (or the sending failed): the last record may run."""
@@ -734,6 +740,7 @@ class _Batch:
                 response_excerpt=result.response_excerpt,
                 error_class=verdict.error_class,
                 outcome=verdict.outcome.value,
+                key_ids=None if result.error_class in _NOT_SENT else self.key_ids,
             ),
         )
 
@@ -877,6 +884,10 @@ def _redacted(url: str) -> str:
 
 def _applied(result: DeliveryResult, applied: bool) -> DeliveryResult:
     return result if applied else replace(result, applied=False)
+
+
+#: Tries that never reached the wire: their attempts name no signing key.
+_NOT_SENT: Final = frozenset({"ssrf_refused", "dns_error", "internal_error"})
 
 
 def _trace_claim(

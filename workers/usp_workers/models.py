@@ -288,6 +288,9 @@ class Attempt(SQLModel, table=True):
     response_excerpt: str | None = Field(default=None, max_length=1024)
     error_class: str | None = Field(default=None, max_length=64)
     outcome: AttemptOutcome = Field(sa_type=sa.String(16))
+    key_ids: str | None = Field(
+        default=None, max_length=200, description="the kids that signed it, sig1 first (none: never sent)"
+    )
 
 
 class SigningKeyRecord(SQLModel, table=True):

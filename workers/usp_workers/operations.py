@@ -244,6 +244,8 @@ class AttemptView:
     response_excerpt: str | None
     error_class: str | None
     outcome: str
+    #: the kids that signed the try, ``sig1`` first (``None``: nothing was sent)
+    key_ids: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -1204,6 +1206,7 @@ def _attempt_view(row: sa.Row[Any]) -> AttemptView:
         response_excerpt=row.response_excerpt,
         error_class=row.error_class,
         outcome=row.outcome,
+        key_ids=row.key_ids,
     )
 
 

@@ -95,6 +95,7 @@ class AttemptRow:
     response_excerpt: str | None
     error_class: str | None
     outcome: str
+    key_ids: str | None = None  #: the kids that signed it, comma-separated (none: never sent)
 
 
 @dataclass(frozen=True, slots=True)
@@ -395,12 +396,13 @@ _RECORD_POSTGRESQL = sa.text(
     """
 WITH attempts AS (
     INSERT INTO usp_attempts (delivery_id, attempt_number, started_at, duration_ms, status_code,
-                              response_excerpt, error_class, outcome)
+                              response_excerpt, error_class, outcome, key_ids)
     SELECT delivery_id, attempt_number, started_at, duration_ms, status_code, response_excerpt,
-           error_class, outcome
+           error_class, outcome, key_ids
     FROM json_to_recordset(CAST(:attempts AS json)) AS a (
         delivery_id varchar, attempt_number integer, started_at timestamptz, duration_ms float8,
-        status_code integer, response_excerpt varchar, error_class varchar, outcome varchar)
+        status_code integer, response_excerpt varchar, error_class varchar, outcome varchar,
+        key_ids varchar)
 ), updated AS (
     UPDATE usp_deliveries AS d
     SET status = u.status,
@@ -500,4 +502,5 @@ def _attempt_params(row: AttemptRow) -> Mapping[str, Any]:
         "response_excerpt": row.response_excerpt,
         "error_class": row.error_class,
         "outcome": row.outcome,
+        "key_ids": row.key_ids,
     }

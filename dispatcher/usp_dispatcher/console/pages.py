@@ -192,6 +192,7 @@ async def _event_page(
     context = {
         "console": console,
         "detail": detail,
+        "timeline": _timeline(detail),
         "payload": json.dumps(detail.payload, indent=2, ensure_ascii=False),
         "unsettled": any(d.status in UNSETTLED for d in detail.deliveries),
         "replayed": replayed,
@@ -291,6 +292,21 @@ async def _hand_to_workers(job: operations.JobView) -> Response:
             logger.exception("could not send job %s to the workers", job.id)
             return redirect(f"/console/jobs/{job.id}?unsent=true")
     return redirect(f"/console/jobs/{job.id}")
+
+
+def _timeline(detail: operations.EventDetail) -> list[tuple[datetime, str]]:
+    """What happened to an event, oldest first: accepted, each delivery made (the first ones and
+    any replay's), each attempt and its outcome, each delivery settled."""
+    happened = [(utc(detail.event.created_at), "accepted")]
+    for d in detail.deliveries:
+        happened.append((utc(d.created_at), f"delivery {d.id} to {d.subscription_id} created"))
+        for a in d.attempts:
+            answer = a.status_code if a.status_code is not None else a.error_class or "no answer"
+            text = f"attempt {a.attempt_number} of {d.id}: {answer}, {a.outcome} ({a.duration_ms:.0f} ms)"
+            happened.append((utc(a.started_at), text))
+        if d.completed_at is not None:
+            happened.append((utc(d.completed_at), f"delivery {d.id} {d.status.replace('_', ' ')}"))
+    return sorted(happened, key=lambda item: item[0])
 
 
 def _dead_filter(subscription: str, event_type: str, since: str, until: str) -> DeadLetterFilter:

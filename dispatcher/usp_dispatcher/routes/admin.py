@@ -85,6 +85,9 @@ class AttemptOut(_Out):
     response_excerpt: str | None = Field(description="the first bytes of the endpoint's answer")
     error_class: str | None = Field(description="why the try failed: timeout, connect_error, ...")
     outcome: str = Field(description="succeeded | retry | dead | disabled")
+    key_ids: str | None = Field(
+        default=None, description="the key ids that signed the try, sig1 first; null: nothing was sent"
+    )
 
 
 class DeliveryOut(_Out):

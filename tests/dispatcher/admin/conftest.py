@@ -18,6 +18,8 @@ def live(make_settings: MakeSettings, serve: Serve, engine: Engine, tmp_path: Pa
         yield service
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def browser() -> Iterator[Browser]:
+    """Per module, not per session: Playwright's sync API keeps an event loop running in this
+    thread while it lives, and every async test after it would fail to start its own."""
     yield from launched_chromium()

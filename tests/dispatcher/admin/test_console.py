@@ -82,6 +82,10 @@ def test_an_operator_finds_a_booking_s_event_replays_it_and_sees_the_new_attempt
     expect(page.locator(".delivery")).to_have_count(1)
     expect(page.locator(".attempt")).to_have_count(1)
     expect(page.locator(".attempt").first).to_contain_text("200")
+    [kid] = [k["kid"] for k in httpx.get(live.base + "/.well-known/usp/jwks.json").json()["keys"]]
+    expect(page.locator(".attempt .key-ids").first).to_have_text(kid)
+    expect(page.locator(".timeline li").first).to_contain_text("accepted")
+    expect(page.locator(".timeline")).to_contain_text("attempt 1 of dlv_")
     expect(page.locator(".payload")).to_contain_text(booking)
 
     page.once("dialog", lambda dialog: dialog.accept())
