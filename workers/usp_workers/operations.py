@@ -561,12 +561,7 @@ def dead_letter(
     if cursor is not None:
         statement = statement.where(_deliveries.c.id < decode_cursor(cursor))
     statement = _dead_letter_filters(statement, filters)
-    rows = session.connection().execute(statement).all()
-    more = len(rows) > limit
-    rows = rows[:limit]
-    attempts = _attempts_of(session.connection(), [row.id for row in rows])
-    items = [_delivery_view(row, event_type=row.event_type, attempts=attempts.get(row.id)) for row in rows]
-    return Page(items, encode_cursor(rows[-1].id) if more else None)
+    return _delivery_page(session, statement, limit)
 
 
 def platform_deliveries(
@@ -596,6 +591,12 @@ def platform_deliveries(
         statement = statement.where(_deliveries.c.event_id == event_id)
     if cursor is not None:
         statement = statement.where(_deliveries.c.id < decode_cursor(cursor))
+    return _delivery_page(session, statement, limit)
+
+
+def _delivery_page(session: Session, statement: sa.Select[Any], limit: int) -> Page[DeliveryView]:
+    """The deliveries ``statement`` selects (with their event type, ``limit + 1`` rows at most,
+    newest first), each with its attempts, as a page."""
     rows = session.connection().execute(statement).all()
     more = len(rows) > limit
     rows = rows[:limit]

@@ -12,7 +12,6 @@ import json
 import logging
 from datetime import datetime
 from typing import Annotated, Any, Final
-from urllib.parse import urlsplit
 
 from fastapi import APIRouter, Depends, Form, HTTPException, Query, Request
 from fastapi.responses import HTMLResponse, Response
@@ -27,7 +26,7 @@ from ..deps import SessionDep, SettingsDep, get_engine
 from ..problems import HTTPProblem
 from . import session as login
 from .session import Login
-from .web import HEADERS, UNSETTLED, call, redirect, render, utc
+from .web import HEADERS, UNSETTLED, admin_token, call, checked_form, redirect, render, utc
 
 __all__ = ["router"]
 
@@ -38,12 +37,8 @@ logger = logging.getLogger("usp_dispatcher")
 # ------------------------------------------------------------------------------- guards
 
 
-def _admin_token(settings: Settings) -> str:
-    return settings.admin_token.get_secret_value() if settings.admin_token is not None else ""
-
-
 async def _page_session(request: Request, settings: SettingsDep) -> Login:
-    found = login.read(request.cookies.get(login.COOKIE), _admin_token(settings))
+    found = login.read(request.cookies.get(login.COOKIE), admin_token(settings))
     if found is None:
         raise HTTPException(303, "log in first", headers={"Location": "/console/login", **HEADERS})
     return found
@@ -52,16 +47,8 @@ async def _page_session(request: Request, settings: SettingsDep) -> Login:
 async def _action_session(
     request: Request, settings: SettingsDep, csrf: Annotated[str | None, Form(max_length=128)] = None
 ) -> Login:
-    found = login.read(request.cookies.get(login.COOKIE), _admin_token(settings))
-    if found is None:
-        raise HTTPProblem(401, "console_login_required", "Unauthorized", "Log in at /console/login first.")
-    origin = request.headers.get("origin")
-    if origin is not None and urlsplit(origin).netloc != request.headers.get("host"):
-        raise HTTPProblem(403, "cross_origin", "Forbidden", "The form was not posted from this console.")
-    if not found.csrf_ok(csrf):
-        detail = "The form's CSRF token is missing or wrong: reload the page."
-        raise HTTPProblem(403, "csrf_token_invalid", "Forbidden", detail)
-    return found
+    found = login.read(request.cookies.get(login.COOKIE), admin_token(settings))
+    return checked_form(request, found, csrf, without="Log in at /console/login first.")
 
 
 PageDep = Annotated[Login, Depends(_page_session)]
@@ -78,14 +65,14 @@ async def home(console: PageDep) -> Response:
 
 @router.get("/login", response_class=HTMLResponse)
 async def login_form(request: Request, settings: SettingsDep) -> Response:
-    return render(request, "login.html", {"configured": bool(_admin_token(settings)), "failed": False})
+    return render(request, "login.html", {"configured": bool(admin_token(settings)), "failed": False})
 
 
 @router.post("/login", response_class=HTMLResponse)
 async def log_in(
     request: Request, settings: SettingsDep, token: Annotated[str, Form(max_length=512)] = ""
 ) -> Response:
-    configured = _admin_token(settings)
+    configured = admin_token(settings)
     if not configured or not hmac.compare_digest(token.encode(), configured.encode()):
         context = {"configured": bool(configured), "failed": True}
         return render(request, "login.html", context, status_code=401)

@@ -21,10 +21,9 @@ from usp_workers.settings import Settings
 
 from ..cli_admin import sample_event
 from ..deps import SessionDep, SettingsDep
-from ..problems import HTTPProblem
 from . import session as login
 from .session import Login
-from .web import HEADERS, UNSETTLED, call, redirect, render
+from .web import HEADERS, UNSETTLED, admin_token, call, checked_form, redirect, render
 
 __all__ = ["LINK_SECONDS", "link", "router"]
 
@@ -37,18 +36,14 @@ router = APIRouter(prefix="/portal", include_in_schema=False)
 
 def link(settings: Settings, platform: str, *, base_url: str) -> tuple[str, datetime]:
     """A link into the portal as ``platform`` (a profile URI), valid for :data:`LINK_SECONDS`."""
-    token = login.issue(_admin_token(settings), purpose="portal-link", subject=platform)
+    token = login.issue(admin_token(settings), purpose="portal-link", subject=platform)
     expires = datetime.now(UTC) + timedelta(seconds=LINK_SECONDS)
     return f"{base_url.rstrip('/')}/portal/enter?{urlencode({'token': token})}", expires
 
 
-def _admin_token(settings: Settings) -> str:
-    return settings.admin_token.get_secret_value() if settings.admin_token is not None else ""
-
-
 async def _page(request: Request, settings: SettingsDep) -> Login:
     found = login.read(
-        request.cookies.get(COOKIE), _admin_token(settings), purpose="portal", lifetime=SESSION_SECONDS
+        request.cookies.get(COOKIE), admin_token(settings), purpose="portal", lifetime=SESSION_SECONDS
     )
     if found is None:
         raise HTTPException(303, "enter by a portal link", headers={"Location": "/portal/expired", **HEADERS})
@@ -59,19 +54,9 @@ async def _action(
     request: Request, settings: SettingsDep, csrf: Annotated[str | None, Form(max_length=128)] = None
 ) -> Login:
     found = login.read(
-        request.cookies.get(COOKIE), _admin_token(settings), purpose="portal", lifetime=SESSION_SECONDS
+        request.cookies.get(COOKIE), admin_token(settings), purpose="portal", lifetime=SESSION_SECONDS
     )
-    if found is None:
-        raise HTTPProblem(
-            401, "portal_link_required", "Unauthorized", "Open the portal by a fresh portal link."
-        )
-    origin = request.headers.get("origin")
-    if origin is not None and urlsplit(origin).netloc != request.headers.get("host"):
-        raise HTTPProblem(403, "cross_origin", "Forbidden", "The form was not posted from this portal.")
-    if not found.csrf_ok(csrf):
-        detail = "The form's CSRF token is missing or wrong: reload the page."
-        raise HTTPProblem(403, "csrf_token_invalid", "Forbidden", detail)
-    return found
+    return checked_form(request, found, csrf, without="Open the portal by a fresh portal link.")
 
 
 PageDep = Annotated[Login, Depends(_page)]
@@ -86,14 +71,14 @@ async def enter(
     request: Request, settings: SettingsDep, token: Annotated[str, Query(max_length=4096)] = ""
 ) -> Response:
     """Trade a portal link for a session cookie, and leave the token out of the address bar."""
-    admin_token = _admin_token(settings)
-    found = login.read(token, admin_token, purpose="portal-link", lifetime=LINK_SECONDS)
+    signing = admin_token(settings)
+    found = login.read(token, signing, purpose="portal-link", lifetime=LINK_SECONDS)
     if found is None:
         return render(request, "portal_expired.html", {"portal": None}, status_code=401)
     response = redirect("/portal")
     response.set_cookie(
         COOKIE,
-        login.issue(admin_token, purpose="portal", subject=found.subject),
+        login.issue(signing, purpose="portal", subject=found.subject),
         max_age=SESSION_SECONDS,
         path="/portal",
         secure=request.url.scheme == "https",

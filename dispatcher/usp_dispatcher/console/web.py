@@ -6,6 +6,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Final, TypeVar
+from urllib.parse import urlsplit
 
 from fastapi import Request
 from fastapi.concurrency import run_in_threadpool
@@ -14,8 +15,23 @@ from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
 
 from usp_workers.models import DeliveryStatus
+from usp_workers.settings import Settings
 
-__all__ = ["HEADERS", "STATIC_PATH", "UNSETTLED", "call", "redirect", "render", "static_files", "utc"]
+from ..problems import HTTPProblem
+from .session import Login
+
+__all__ = [
+    "HEADERS",
+    "STATIC_PATH",
+    "UNSETTLED",
+    "admin_token",
+    "call",
+    "checked_form",
+    "redirect",
+    "render",
+    "static_files",
+    "utc",
+]
 
 STATIC_PATH: Final = "/console/static"
 _HERE = Path(__file__).parent
@@ -33,6 +49,26 @@ HEADERS: Final = {
 }
 
 templates = Jinja2Templates(directory=_HERE / "templates")
+
+
+def admin_token(settings: Settings) -> str:
+    """What every session and link is signed under ("" when none is set: nothing opens)."""
+    return settings.admin_token.get_secret_value() if settings.admin_token is not None else ""
+
+
+def checked_form(request: Request, found: Login | None, csrf: str | None, *, without: str) -> Login:
+    """The session a form was posted in, once the form carries its CSRF token and, when the
+    browser says where it was posted from, comes from this host. ``without``: what to do when
+    there is no session."""
+    if found is None:
+        raise HTTPProblem(401, "session_required", "Unauthorized", without)
+    origin = request.headers.get("origin")
+    if origin is not None and urlsplit(origin).netloc != request.headers.get("host"):
+        raise HTTPProblem(403, "cross_origin", "Forbidden", "The form was not posted from this site.")
+    if not found.csrf_ok(csrf):
+        detail = "The form's CSRF token is missing or wrong: reload the page."
+        raise HTTPProblem(403, "csrf_token_invalid", "Forbidden", detail)
+    return found
 
 
 def utc(moment: datetime) -> datetime:
