@@ -369,6 +369,37 @@ async def set_state(
     return redirect(f"/console/subscriptions/{subscription_id}")
 
 
+@router.post("/subscriptions/{subscription_id}/recover")
+async def recover(
+    request: Request,
+    subscription_id: str,
+    db: SessionDep,
+    console: ActionDep,
+    since: Annotated[str, Form(max_length=32)],
+    until: Annotated[str, Form(max_length=32)] = "",
+    enable: Annotated[bool, Form()] = False,
+) -> Response:
+    """Start a recover job: the subscription's failed and dead deliveries of events accepted in
+    the range go again, and what it missed while disabled is back-filled; its page shows progress."""
+    try:
+        start = _moment(since, "since")
+        if start is None:
+            raise operations.InvalidRequest("invalid_time", "since: a start is needed")
+        job = await call(
+            operations.start_recover,
+            db,
+            subscription_id,
+            since=start,
+            until=_moment(until, "until"),
+            enable=enable,
+        )
+    except operations.OperationError as exc:
+        return await _subscription_page(
+            request, db, console, subscription_id, problem=exc.detail, status_code=409
+        )
+    return await _hand_to_workers(job)
+
+
 @router.post("/subscriptions/{subscription_id}/rate-limit")
 async def set_rate_limit(
     request: Request,

@@ -11,6 +11,7 @@ import json
 import re
 import uuid
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import httpx
@@ -273,3 +274,49 @@ def test_the_keys_page_rotates_a_key_that_is_published_before_it_signs(live: Liv
     assert published == {first, kid}
     expect(page.locator("table.keys")).not_to_contain_text("PRIVATE")
     assert '"d"' not in page.content(), "no private key material on the page"
+
+
+def test_recovering_a_subscription_s_time_range_from_its_page(live: Live, page: Page) -> None:
+    receiver = UspReceiver(live.jwks)
+    url, path = live.endpoint("recover", Answer(503))
+    subscription = live.subscribe(url)
+    missed = [booking_event(live, "booking.cancelled", f"bkg_recover_{n}") for n in range(2)]
+    wait_until(lambda: all(d.attempt_count >= 1 for d in deliveries(live.engine)), "first tries", live)
+    with live.engine.begin() as connection:
+        connection.execute(sa.update(Delivery).values(status=DeliveryStatus.DEAD.value))
+    live.hub.routes[path] = receiver
+
+    log_in(page)
+    page.goto(f"/console/subscriptions/{subscription}")
+    an_hour_ago = (datetime.now(UTC) - timedelta(hours=1)).strftime("%Y-%m-%dT%H:%M:%S")
+    page.fill("input[name=since]", an_hour_ago)
+    page.once("dialog", lambda dialog: dialog.accept())
+    page.click("button:has-text('Recover')")
+    expect(page.locator("h1")).to_contain_text("Recover")
+    expect(page.locator(".job-status")).to_contain_text("Done: 2 deliveries re-sent", timeout=60_000)
+    wait_until(lambda: sorted(receiver.handled) == sorted(missed), "every missed event delivered", live)
+
+
+def test_the_console_works_by_keyboard_and_fits_a_phone_width_screen(live: Live, browser: Browser) -> None:
+    event_id = event_id_in(live.ok("trigger", "booking.confirmed"))
+    subscription = live.subscribe(live.endpoint("phone", UspReceiver(live.jwks))[0])
+    phone = browser.new_context(base_url=live.base, viewport={"width": 375, "height": 740})
+    page = phone.new_page()
+    page.goto("/console/login")
+    page.keyboard.type(ADMIN_TOKEN)  # the token field has the focus
+    page.keyboard.press("Enter")
+    expect(page).to_have_url(f"{live.base}/console/events")
+    page.keyboard.press("Tab")  # the first stop is the header's link, visibly focused
+    assert page.evaluate("document.activeElement.tagName") == "A"
+    for path in (
+        "/console/events",
+        f"/console/events/{event_id}",
+        "/console/dead-letter",
+        "/console/subscriptions",
+        f"/console/subscriptions/{subscription}",
+        "/console/keys",
+    ):
+        page.goto(path)
+        overflow = page.evaluate("document.documentElement.scrollWidth - window.innerWidth")
+        assert overflow <= 0, f"{path} is {overflow} px wider than the screen"
+    phone.close()
