@@ -198,6 +198,12 @@ def test_each_platform_sees_only_its_own_and_both_snippets_verify_a_real_deliver
         assert answer.status in (404, 409), (path, form, answer.status)
     assert page_a.context.cookies()[0]["httpOnly"]
 
+    page_a.set_viewport_size({"width": 375, "height": 740})  # a phone
+    for path in ("/portal", f"/portal/subscriptions/{sub_a}", f"/portal/events/{sent_a}"):
+        page_a.goto(path)
+        overflow = page_a.evaluate("document.documentElement.scrollWidth - window.innerWidth")
+        assert overflow <= 0, f"{path} is {overflow} px wider than the screen"
+
 
 def test_a_forged_or_missing_link_opens_nothing(live: Live, browser: Browser) -> None:
     context = browser.new_context(base_url=live.base)
