@@ -22,8 +22,9 @@ from dataclasses import dataclass, field
 from typing import Any, assert_never
 
 import anyio.to_thread
+from pydantic import ValidationError
 
-from usp_schemas import EventValidationError, WebhookEvent, parse_event
+from usp_schemas import EventValidationError, ProbeEvent, WebhookEvent, parse_event
 
 from ._errors import KeyFetchError, ReceiverError, VerificationError
 from ._message import HeadersInput
@@ -108,6 +109,9 @@ class WebhookReceiver:
         try:
             event = parse_event(body)
         except EventValidationError as exc:
+            probe = _probe(body)
+            if probe is not None:  # verified, and acted on by nobody: `usp-webhooks probe` asks
+                return Outcome(200, {"status": "probe", "event_id": probe.event_id}, event_id=probe.event_id)
             logger.info("webhook refused: not a USP event (%s)", exc)
             return problem_outcome(400, "invalid_event", "Not a valid USP event", str(exc))
         return await self._deliver(ReceivedWebhook(event, verified, body))
@@ -187,3 +191,11 @@ def _problem(status: int, exc: ReceiverError, title: str, *, retry_after: int | 
     if status == 401:
         headers["WWW-Authenticate"] = 'Signature realm="usp-webhooks"'
     return problem_outcome(status, exc.reason, title, exc.detail, headers)
+
+
+def _probe(body: bytes) -> ProbeEvent | None:
+    """``body`` as a probe event (:mod:`usp_schemas`' ``probe.test``), else ``None``."""
+    try:
+        return ProbeEvent.model_validate_json(body)
+    except ValidationError:
+        return None

@@ -106,6 +106,7 @@ from ._payloads import (
     WaitlistEntry,
     WaitlistState,
 )
+from ._probe import PROBE_EVENT, PROBE_HEADER, ProbeData, ProbeEvent
 from ._types import EVENT_ID_PATTERN
 from ._version import USP_VERSION, UspVersion
 
@@ -124,6 +125,8 @@ __all__ = [
     "METHOD_NOT_FOUND",
     "OUTCOME_CODES",
     "PARSE_ERROR",
+    "PROBE_EVENT",
+    "PROBE_HEADER",
     "SERVICE_NOT_FOUND",
     "SLOT_UNAVAILABLE",
     "UNAUTHENTICATED",
@@ -167,6 +170,8 @@ __all__ = [
     "PostPublished",
     "PostUpdated",
     "Price",
+    "ProbeData",
+    "ProbeEvent",
     "Publication",
     "PublicationUpdated",
     "Service",
