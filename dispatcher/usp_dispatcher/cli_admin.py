@@ -27,6 +27,7 @@ import httpx
 import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
 from rich.text import Text
 
 from usp_receiver import ReceivedWebhook, RemoteJWKS, Verifier, WebhookReceiver
@@ -101,6 +102,7 @@ def register(app: typer.Typer) -> None:
     app.command()(trigger)
     app.command()(listen)
     app.command("portal-link")(portal_link)
+    app.command()(probe)
 
 
 # ------------------------------------------------------------------------------- the API
@@ -523,6 +525,50 @@ def portal_link(
         link = api.call("POST", "/admin/portal-links", json={"platform": platform})
     typer.echo(link["url"])  # unwrapped: a terminal must be able to copy it whole
     typer.echo(f"valid until {link['expires_at']}")
+
+
+# ------------------------------------------------------------------------------- probe
+
+
+def probe(
+    target: Annotated[
+        str | None, typer.Argument(show_default=False, help="The endpoint URL (or give --subscription).")
+    ] = None,
+    subscription: Annotated[
+        str | None, typer.Option("--subscription", help="Probe this subscription's URL, in its format.")
+    ] = None,
+    transport: Annotated[
+        str | None, typer.Option("--format", help="rest or jsonrpc (default: the subscription's, else rest).")
+    ] = None,
+    url: Url = DEFAULT_URL,
+    token: Token = None,
+    as_json: Json = False,
+) -> None:
+    """Find out whether a webhook endpoint really verifies what it receives: a battery of signed
+    deliveries, most of them wrong on purpose, each judged by the answer (2xx or 4xx). Exits 1
+    when any answer is wrong, so a platform can run it in CI against a staging endpoint."""
+    if (target is None) == (subscription is None):
+        _fail("give an endpoint URL or --subscription, not both", code=2)
+    if transport not in (None, "rest", "jsonrpc"):
+        _fail("--format is rest or jsonrpc", code=2)
+    request = {"url": target, "subscription_id": subscription, "format": transport}
+    with AdminClient(url, token, timeout=300.0) as api:
+        run = api.call("POST", "/admin/probes", json={k: v for k, v in request.items() if v is not None})
+    if as_json:
+        typer.echo(json.dumps(run, indent=2))
+    else:
+        table = Table(title=f"probe of {run['target']} ({run['transport']})", title_justify="left")
+        for column in ("case", "expected", "answer", "", "what it means"):
+            table.add_column(column, overflow="fold")
+        for case in run["results"]:
+            answer = str(case["status"]) if case["status"] is not None else (case["error"] or "none")
+            mark = Text("ok", style="green") if case["ok"] else Text("WRONG", style="bold red")
+            table.add_row(case["case"], case["expected"], answer, mark, Text(case["finding"]))
+        console.print(table)
+        style = "green" if run["problems"] == 0 else "bold red"
+        console.print(Text(run["verdict"], style=style))
+    if run["problems"]:
+        raise typer.Exit(1)
 
 
 # ------------------------------------------------------------------------------- trigger, listen

@@ -348,3 +348,18 @@ class Notice(SQLModel, table=True):
     kind: str = Field(max_length=64)
     detail: str = Field(default="", max_length=512)
     created_at: datetime = Field(default_factory=utcnow, sa_type=UtcDateTime, index=True)
+
+
+class ProbeRun(SQLModel, table=True):
+    """One run of the probe battery (:mod:`usp_workers.probe`): who asked, against what, and
+    each case's answer and verdict (JSON), kept for the admin API."""
+
+    __tablename__ = "usp_probe_runs"
+
+    id: str = Field(default_factory=lambda: new_id("prb"), primary_key=True, max_length=40)
+    created_at: datetime = Field(default_factory=utcnow, sa_type=UtcDateTime, index=True)
+    actor: str = Field(max_length=200, description="who ran it: the admin API's caller")
+    target: str = Field(max_length=2048)
+    transport: str = Field(max_length=16)
+    problems: int
+    results: str = Field(sa_type=sa.Text, description="JSON: one object per case")

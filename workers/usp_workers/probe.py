@@ -20,11 +20,12 @@ from typing import Final, Literal
 import httpx
 
 from usp_receiver import PROFILE_COMPONENTS, USP_TAG, SigningKey, content_digest, sign_message
-from usp_schemas import PROBE_EVENT, PROBE_HEADER, new_event_id
+from usp_schemas import PROBE_EVENT, PROBE_HEADER, WEBHOOK_METHOD, new_event_id
 
+from .models import Transport
 from .ssrf import ResolvedTarget, send_pinned
 
-__all__ = ["CASES", "Case", "CaseResult", "Expect", "probe_endpoint", "summary"]
+__all__ = ["CASES", "Case", "CaseResult", "Expect", "as_json", "probe_endpoint", "summary", "verdict"]
 
 Expect = Literal["accept", "reject"]
 _CONTENT_TYPE: Final = "application/json"
@@ -70,6 +71,7 @@ async def probe_endpoint(
     target: ResolvedTarget,
     keys: Sequence[SigningKey],
     *,
+    transport: Transport = Transport.REST,
     timeout: float = 10.0,  # noqa: ASYNC109 - per case, as send_pinned takes it
     clock: Callable[[], float] = time.time,
 ) -> list[CaseResult]:
@@ -82,7 +84,7 @@ async def probe_endpoint(
     results = []
     for case in CASES:
         event_id = valid_id if case.name in ("valid", "duplicate") else new_event_id()
-        body, headers = _request(case, target.url, keys, event_id, int(clock()))
+        body, headers = _request(case, target.url, keys, event_id, int(clock()), transport)
         try:
             response = await send_pinned(
                 client,
@@ -104,12 +106,15 @@ async def probe_endpoint(
 
 def summary(results: Sequence[CaseResult]) -> str:
     """The verdict line."""
-    wrong = [r for r in results if not r.ok]
+    return verdict([(r.case.name, r.finding) for r in results if not r.ok])
+
+
+def verdict(wrong: Sequence[tuple[str, str]]) -> str:
+    """The verdict line for the ``(case, finding)`` pairs that went wrong."""
     if not wrong:
         return "endpoint verifies signatures correctly"
-    return f"{len(wrong)} problem{'s' if len(wrong) > 1 else ''}: " + "; ".join(
-        f"{r.case.name}: {r.finding}" for r in wrong
-    )
+    problems = "; ".join(f"{name}: {finding}" for name, finding in wrong)
+    return f"{len(wrong)} problem{'s' if len(wrong) > 1 else ''}: {problems}"
 
 
 def _judge(case: Case, status: int) -> CaseResult:
@@ -129,11 +134,27 @@ def _judge(case: Case, status: int) -> CaseResult:
     return CaseResult(case, status, None, False, f"answered {status}, neither accepted nor refused")
 
 
+def as_json(results: Sequence[CaseResult]) -> list[dict[str, object]]:
+    """The results as the admin API answers them (and as a run is recorded)."""
+    return [
+        {
+            "case": r.case.name,
+            "sent": r.case.what,
+            "expected": "2xx" if r.case.expect == "accept" else "4xx",
+            "status": r.status,
+            "error": r.error,
+            "ok": r.ok,
+            "finding": r.finding,
+        }
+        for r in results
+    ]
+
+
 def _request(
-    case: Case, url: str, keys: Sequence[SigningKey], event_id: str, now: int
+    case: Case, url: str, keys: Sequence[SigningKey], event_id: str, now: int, transport: Transport
 ) -> tuple[bytes, dict[str, str]]:
     """The body and headers of ``case``: signed as deliveries are, except what the case is about."""
-    body = _body(event_id, case.name, now)
+    body = _body(event_id, case.name, now, transport)
     headers = {"Content-Type": _CONTENT_TYPE, PROBE_HEADER: case.name}
     if case.name == "unsigned":
         return body, headers | {"Content-Digest": content_digest(body)}
@@ -144,7 +165,7 @@ def _request(
     digest = sent_digest = content_digest(body)
     match case.name:
         case "body_changed":  # as a tamperer would: new body, its digest, the old signature
-            body = _body(event_id, "changed after signing", now)
+            body = _body(event_id, "changed after signing", now, transport)
             sent_digest = content_digest(body)
         case "digest_mismatch":  # signed as it is, but not the body's
             digest = sent_digest = content_digest(b'{"another":"body"}')
@@ -188,14 +209,12 @@ def _request(
     }
 
 
-def _body(event_id: str, case: str, now: int) -> bytes:
+def _body(event_id: str, case: str, now: int, transport: Transport) -> bytes:
     moment = datetime.fromtimestamp(now, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-    event = {
-        "event": PROBE_EVENT,
-        "event_id": event_id,
-        "timestamp": moment,
-        "data": {"probe": True, "case": case},
-    }
+    data = {"probe": True, "case": case}
+    event = {"event": PROBE_EVENT, "event_id": event_id, "timestamp": moment, "data": data}
+    if transport is Transport.JSONRPC:  # a notification, as deliveries to a JSON-RPC endpoint are
+        return json.dumps({"jsonrpc": "2.0", "method": WEBHOOK_METHOD, "params": event}).encode()
     return json.dumps(event, separators=(",", ":")).encode()
 
 

@@ -8,24 +8,37 @@ typed models (so ``/docs`` documents every field). Long operations (recover, red
 
 from __future__ import annotations
 
+import json
 import logging
+import time
 from collections.abc import Callable
 from datetime import datetime, timedelta
-from typing import Annotated, Any, Literal, TypeVar
+from typing import Annotated, Any, Final, Literal, TypeVar
 
 from fastapi import APIRouter, Body, Query, Request
 from fastapi.concurrency import run_in_threadpool
 from pydantic import BaseModel, ConfigDict, Field
-from sqlmodel import Session
+from sqlmodel import Session, col, select
 
-from usp_workers import keys, operations, tasks
-from usp_workers.models import DeliveryStatus, OnDead, Ordering, SubscriptionState
+from usp_workers import keys, operations, probe, tasks
+from usp_workers.keycache import current_signing_keys
+from usp_workers.models import (
+    DeliveryStatus,
+    OnDead,
+    Ordering,
+    ProbeRun,
+    Subscription,
+    SubscriptionState,
+    Transport,
+)
 from usp_workers.operations import DeadLetterFilter, EventFilter
 from usp_workers.settings import Settings
+from usp_workers.transport import make_client
 
 from ..auth import AdminDep
 from ..console import portal
-from ..deps import SessionDep, SettingsDep
+from ..deps import ResolverDep, SessionDep, SettingsDep
+from ..feed import check_url
 from ..problems import HTTPProblem
 
 __all__ = ["router"]
@@ -50,6 +63,7 @@ def _problems(*statuses: int) -> dict[int | str, dict[str, Any]]:
         409: "the subscription cannot take it (disabled, deleted, not subscribed, not in the audience)",
         422: "invalid parameters (a cursor not ours, a time without offset, a range ending first, "
         "a rate limit out of range)",
+        429: "a probe of this target ran less than 10 s ago (Retry-After says when to try)",
         503: "the job is recorded but the broker refused it: resume it later",
     }
     return {status: {"model": ProblemOut, "description": what[status]} for status in statuses}
@@ -563,6 +577,128 @@ async def portal_link(request: Request, settings: SettingsDep, body: PortalLinkI
     deliveries, test events, replays and verification snippets, and nothing of anyone else's."""
     link, expires = portal.link(settings, body.platform, base_url=str(request.base_url))
     return PortalLinkOut(url=link, expires_at=expires)
+
+
+# ------------------------------------------------------------------------------- probes
+
+#: One probe of a target at a time, at most every so many seconds (each run is 14 requests).
+PROBE_INTERVAL_SECONDS: Final = 10.0
+_last_probe: dict[str, float] = {}
+
+
+class ProbeIn(BaseModel):
+    url: str | None = Field(default=None, max_length=2048, description="the endpoint to probe")
+    subscription_id: str | None = Field(
+        default=None, max_length=40, description="probe this subscription's URL (instead of url)"
+    )
+    format: Transport | None = Field(
+        default=None, description="rest or jsonrpc; default: the subscription's, else rest"
+    )
+
+
+class ProbeCaseOut(BaseModel):
+    case: str
+    sent: str = Field(description="what the delivery got wrong on purpose (or right)")
+    expected: str = Field(description="2xx (a verifying receiver accepts) or 4xx (it refuses)")
+    status: int | None = Field(description="what the endpoint answered (null: no answer)")
+    error: str | None
+    ok: bool
+    finding: str
+
+
+class ProbeRunOut(BaseModel):
+    id: str
+    created_at: datetime
+    actor: str
+    target: str
+    transport: str
+    problems: int
+    verdict: str
+    results: list[ProbeCaseOut]
+
+
+class ProbeRunPage(BaseModel):
+    items: list[ProbeRunOut]
+
+
+@router.post("/probes", status_code=201, response_model=ProbeRunOut, responses=_problems(404, 429))
+async def run_probe(
+    request: Request,
+    session: SessionDep,
+    settings: SettingsDep,
+    resolver: ResolverDep,
+    body: Annotated[ProbeIn, Body()],
+) -> ProbeRunOut:
+    """Send the verification battery (``usp-webhooks probe``) to an endpoint, signed with the
+    current key: does it accept what it should and refuse, with a 4xx, what it should? Nothing is
+    recorded as a delivery; the run is, and ``GET /admin/probes`` lists it."""
+    url, transport = body.url, body.format or Transport.REST
+    if (url is None) == (body.subscription_id is None):
+        raise HTTPProblem(422, "invalid_probe", "Invalid request", "give either url or subscription_id")
+    if body.subscription_id is not None:
+        subscription = await run_in_threadpool(session.get, Subscription, body.subscription_id)
+        if subscription is None:
+            raise HTTPProblem(
+                404, "subscription_not_found", "Not found", f"no subscription {body.subscription_id!r}"
+            )
+        url, transport = subscription.url, body.format or Transport(subscription.transport)
+    assert url is not None
+    target = await check_url(url, settings, resolver=resolver, what="probe target")
+    moment = time.monotonic()
+    last = _last_probe.get(url)
+    if last is not None and moment - last < PROBE_INTERVAL_SECONDS:
+        wait = int(PROBE_INTERVAL_SECONDS - (moment - last)) + 1
+        raise HTTPProblem(
+            429,
+            "probe_rate_limited",
+            "Too many requests",
+            f"this target was probed {moment - last:.0f} s ago",
+            headers={"Retry-After": str(wait)},
+        )
+    _last_probe[url] = moment
+    keys = await run_in_threadpool(current_signing_keys, session.get_bind().engine, settings)
+    async with make_client(settings) as client:
+        results = await probe.probe_endpoint(client, target, keys, transport=transport)
+    who = f"admin token, from {request.client.host if request.client else 'an unknown address'}"
+    cases = probe.as_json(results)
+    run = ProbeRun(
+        actor=who,
+        target=url,
+        transport=transport.value,
+        problems=sum(not r.ok for r in results),
+        results=json.dumps(cases),
+    )
+    await run_in_threadpool(_save, session, run)
+    return _probe_out(run)
+
+
+@router.get("/probes", response_model=ProbeRunPage)
+async def list_probes(session: SessionDep, limit: Limit = 50) -> ProbeRunPage:
+    """Probe runs, newest first: who ran them, against what, and every case's answer."""
+    statement = select(ProbeRun).order_by(col(ProbeRun.created_at).desc()).limit(limit)
+    runs = await run_in_threadpool(lambda: list(session.exec(statement).all()))
+    return ProbeRunPage(items=[_probe_out(run) for run in runs])
+
+
+def _save(session: Session, run: ProbeRun) -> None:
+    session.add(run)
+    session.commit()
+    session.refresh(run)
+
+
+def _probe_out(run: ProbeRun) -> ProbeRunOut:
+    cases = [ProbeCaseOut(**case) for case in json.loads(run.results)]
+    verdict = probe.verdict([(c.case, c.finding) for c in cases if not c.ok])
+    return ProbeRunOut(
+        id=run.id,
+        created_at=run.created_at,
+        actor=run.actor,
+        target=run.target,
+        transport=run.transport,
+        problems=run.problems,
+        verdict=verdict,
+        results=cases,
+    )
 
 
 # ------------------------------------------------------------------------------- helpers
