@@ -5,6 +5,7 @@ operator issues (``usp-webhooks portal-link``). Every query is scoped to the pla
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, datetime, timedelta
 from typing import Annotated, Any, Final
 from urllib.parse import urlencode, urlsplit
@@ -15,12 +16,16 @@ from sqlmodel import Session, col, select
 
 from usp_schemas import EVENT_TYPES
 from usp_workers import operations
-from usp_workers.models import Subscription
+from usp_workers.models import Subscription, Transport
 from usp_workers.outbox import emit, event_matches
+from usp_workers.probe import verdict
 from usp_workers.settings import Settings
 
+from .. import probes
 from ..cli_admin import sample_event
-from ..deps import SessionDep, SettingsDep
+from ..deps import ResolverDep, SessionDep, SettingsDep
+from ..errors import DispatcherError
+from ..problems import HTTPProblem
 from . import session as login
 from .session import Login
 from .web import HEADERS, UNSETTLED, admin_token, call, checked_form, redirect, render
@@ -192,6 +197,35 @@ async def send_test(
         )
     event_id = await call(_send_sample, db, event_type, portal.subject, subscription_id)
     return redirect(f"/portal/subscriptions/{subscription_id}?{urlencode({'sent': event_id})}")
+
+
+@router.post("/subscriptions/{subscription_id}/probe")
+async def probe_subscription(
+    request: Request,
+    subscription_id: str,
+    db: SessionDep,
+    settings: SettingsDep,
+    resolver: ResolverDep,
+    portal: ActionDep,
+) -> Response:
+    """Run the verification battery against this subscription's endpoint (``usp-webhooks
+    probe``): does it refuse, with a 4xx, what a verifying receiver refuses?"""
+    health = await call(_own_subscription, db, portal.subject, subscription_id)
+    row = await call(db.get, Subscription, subscription_id)
+    if health is None or row is None:
+        return _missing(request, portal)
+    who = f"platform {portal.subject} (portal)"
+    try:
+        run = await probes.run(db, settings, row.url, Transport(row.transport), actor=who, resolver=resolver)
+    except (HTTPProblem, DispatcherError) as exc:
+        status = exc.status if isinstance(exc, HTTPProblem) else 422
+        return await _subscription_page(
+            request, db, portal, subscription_id, problem=exc.detail, status_code=status
+        )
+    cases = json.loads(run.results)
+    wrong = [(c["case"], c["finding"]) for c in cases if not c["ok"]]
+    context = {"portal": portal, "s": health, "run": run, "cases": cases, "verdict": verdict(wrong)}
+    return render(request, "portal_probe.html", context)
 
 
 @router.post("/events/{event_id}/replay")

@@ -10,10 +10,9 @@ from __future__ import annotations
 
 import json
 import logging
-import time
 from collections.abc import Callable
 from datetime import datetime, timedelta
-from typing import Annotated, Any, Final, Literal, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
 from fastapi import APIRouter, Body, Query, Request
 from fastapi.concurrency import run_in_threadpool
@@ -21,7 +20,6 @@ from pydantic import BaseModel, ConfigDict, Field
 from sqlmodel import Session, col, select
 
 from usp_workers import keys, operations, probe, tasks
-from usp_workers.keycache import current_signing_keys
 from usp_workers.models import (
     DeliveryStatus,
     OnDead,
@@ -33,12 +31,11 @@ from usp_workers.models import (
 )
 from usp_workers.operations import DeadLetterFilter, EventFilter
 from usp_workers.settings import Settings
-from usp_workers.transport import make_client
 
+from .. import probes
 from ..auth import AdminDep
 from ..console import portal
 from ..deps import ResolverDep, SessionDep, SettingsDep
-from ..feed import check_url
 from ..problems import HTTPProblem
 
 __all__ = ["router"]
@@ -581,10 +578,6 @@ async def portal_link(request: Request, settings: SettingsDep, body: PortalLinkI
 
 # ------------------------------------------------------------------------------- probes
 
-#: One probe of a target at a time, at most every so many seconds (each run is 14 requests).
-PROBE_INTERVAL_SECONDS: Final = 10.0
-_last_probe: dict[str, float] = {}
-
 
 class ProbeIn(BaseModel):
     url: str | None = Field(default=None, max_length=2048, description="the endpoint to probe")
@@ -643,32 +636,8 @@ async def run_probe(
             )
         url, transport = subscription.url, body.format or Transport(subscription.transport)
     assert url is not None
-    target = await check_url(url, settings, resolver=resolver, what="probe target")
-    moment = time.monotonic()
-    last = _last_probe.get(url)
-    if last is not None and moment - last < PROBE_INTERVAL_SECONDS:
-        wait = int(PROBE_INTERVAL_SECONDS - (moment - last)) + 1
-        raise HTTPProblem(
-            429,
-            "probe_rate_limited",
-            "Too many requests",
-            f"this target was probed {moment - last:.0f} s ago",
-            headers={"Retry-After": str(wait)},
-        )
-    _last_probe[url] = moment
-    keys = await run_in_threadpool(current_signing_keys, session.get_bind().engine, settings)
-    async with make_client(settings) as client:
-        results = await probe.probe_endpoint(client, target, keys, transport=transport)
     who = f"admin token, from {request.client.host if request.client else 'an unknown address'}"
-    cases = probe.as_json(results)
-    run = ProbeRun(
-        actor=who,
-        target=url,
-        transport=transport.value,
-        problems=sum(not r.ok for r in results),
-        results=json.dumps(cases),
-    )
-    await run_in_threadpool(_save, session, run)
+    run = await probes.run(session, settings, url, transport, actor=who, resolver=resolver)
     return _probe_out(run)
 
 
@@ -678,12 +647,6 @@ async def list_probes(session: SessionDep, limit: Limit = 50) -> ProbeRunPage:
     statement = select(ProbeRun).order_by(col(ProbeRun.created_at).desc()).limit(limit)
     runs = await run_in_threadpool(lambda: list(session.exec(statement).all()))
     return ProbeRunPage(items=[_probe_out(run) for run in runs])
-
-
-def _save(session: Session, run: ProbeRun) -> None:
-    session.add(run)
-    session.commit()
-    session.refresh(run)
 
 
 def _probe_out(run: ProbeRun) -> ProbeRunOut:

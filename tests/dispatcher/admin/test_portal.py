@@ -156,6 +156,12 @@ def test_each_platform_sees_only_its_own_and_both_snippets_verify_a_real_deliver
         expect(page_a.locator(f"tr[data-event={sent_a}] .status-succeeded").first).to_be_visible()
         refused_without_a_valid_signature(url_a)
 
+        # The portal's probe: the snippet, as shown, verifies everything it should.
+        page_a.once("dialog", lambda dialog: dialog.accept())
+        page_a.click("button:has-text('Probe this endpoint')")
+        expect(page_a.locator(".verdict")).to_have_text("endpoint verifies signatures correctly")
+        expect(page_a.locator("table.probe tbody tr.ok")).to_have_count(14)
+
         # A replay of its own event reaches it again; the snippet's dedupe handles it once.
         page_a.goto(f"/portal/events/{sent_a}")
         page_a.once("dialog", lambda dialog: dialog.accept())

@@ -1,0 +1,70 @@
+"""Running the endpoint verification battery (:mod:`usp_workers.probe`) for the admin API and
+the platform portal: the target checked like a subscription's, one run per target every
+:data:`INTERVAL_SECONDS` (per API process), the run recorded."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Final
+
+from fastapi.concurrency import run_in_threadpool
+from sqlmodel import Session
+
+from usp_workers import probe
+from usp_workers.keycache import current_signing_keys
+from usp_workers.models import ProbeRun, Transport
+from usp_workers.settings import Settings
+from usp_workers.ssrf import Resolver
+from usp_workers.transport import make_client
+
+from .feed import check_url
+from .problems import HTTPProblem
+
+__all__ = ["INTERVAL_SECONDS", "run"]
+
+#: Each run is fourteen requests: a target is probed at most this often.
+INTERVAL_SECONDS: Final = 10.0
+_last: dict[str, float] = {}
+
+
+async def run(
+    session: Session,
+    settings: Settings,
+    url: str,
+    transport: Transport,
+    *,
+    actor: str,
+    resolver: Resolver | None = None,
+) -> ProbeRun:
+    """Probe ``url`` and record the run; refusals (target refused, too soon) are problems."""
+    target = await check_url(url, settings, resolver=resolver, what="probe target")
+    moment = time.monotonic()
+    last = _last.get(url)
+    if last is not None and moment - last < INTERVAL_SECONDS:
+        raise HTTPProblem(
+            429,
+            "probe_rate_limited",
+            "Too many requests",
+            f"this target was probed {moment - last:.0f} s ago",
+            headers={"Retry-After": str(int(INTERVAL_SECONDS - (moment - last)) + 1)},
+        )
+    _last[url] = moment
+    keys = await run_in_threadpool(current_signing_keys, session.get_bind().engine, settings)
+    async with make_client(settings) as client:
+        results = await probe.probe_endpoint(client, target, keys, transport=transport)
+    recorded = ProbeRun(
+        actor=actor,
+        target=url,
+        transport=transport.value,
+        problems=sum(not r.ok for r in results),
+        results=json.dumps(probe.as_json(results)),
+    )
+    await run_in_threadpool(_save, session, recorded)
+    return recorded
+
+
+def _save(session: Session, recorded: ProbeRun) -> None:
+    session.add(recorded)
+    session.commit()
+    session.refresh(recorded)
