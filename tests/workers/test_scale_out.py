@@ -97,7 +97,14 @@ def test_two_machines_share_the_work_and_send_nothing_twice(
         sum(int(n) for n in re.findall(r"batch of \d+: (\d+) claimed", w.output())) for w, _ in machines
     ]
     assert all(batches), f"both machines delivered: {batches} deliveries claimed"
-    assert sum(batches) == 3000
+    # Claimed once each, unless a batch found the endpoint's slots busy past SLOT_WAIT (a loaded
+    # machine) and put some back unsent, no attempt spent: those are claimed again, once more.
+    put_back = sum(
+        int(n)
+        for w, _ in machines
+        for n in re.findall(r"batch of \d+: \d+ claimed, \d+ delivered, (\d+) to retry", w.output())
+    )
+    assert sum(batches) == 3000 + put_back
     assert broker_route.port != broker.port
     with capsys.disabled():
         print(
