@@ -14,7 +14,7 @@ from ..conftest import ADMIN
 
 OPEN = {"/console/login", "/portal/enter", "/portal/expired"}
 
-pytestmark = pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+ON_SQLITE = pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
 
 
 def guarded() -> list[tuple[str, str]]:
@@ -27,6 +27,7 @@ def guarded() -> list[tuple[str, str]]:
     ]
 
 
+@ON_SQLITE
 def test_no_console_or_portal_route_answers_without_a_session(client: TestClient) -> None:
     routes = guarded()
     assert len(routes) >= 20, routes
@@ -43,6 +44,7 @@ def test_no_console_or_portal_route_answers_without_a_session(client: TestClient
             assert answer.json()["reason"] == "session_required"
 
 
+@ON_SQLITE
 def test_an_admin_bearer_token_opens_no_console_page(client: TestClient) -> None:
     """The console takes its own session, never the API's bearer token (a token in a browser's
     Authorization header would be a CSRF vector)."""
@@ -50,3 +52,18 @@ def test_an_admin_bearer_token_opens_no_console_page(client: TestClient) -> None
     assert (answer.status_code, answer.headers["location"]) == (303, "/console/login")
     assert answer.headers["x-frame-options"] == "DENY"
     assert "frame-ancestors 'none'" in answer.headers["content-security-policy"]
+
+
+@pytest.mark.parametrize("name", ["snippets/python.py.j2", "snippets/node.mjs.j2"])
+def test_snippet_values_are_escaped_though_the_templates_are_not_html(name: str) -> None:
+    """Included in a page, a snippet's values (a subscription's URL) must not become markup."""
+    from usp_dispatcher.console.web import templates
+
+    class Sub:
+        url = 'https://platform.example/hook?x="</pre><img src=x onerror=alert(1)>'
+
+    text = templates.get_template(name).render(
+        jwks_url="https://b.example/jwks", s=Sub(), path="/hook", insecure=False
+    )
+    assert "<img" not in text
+    assert "&lt;img" in text
