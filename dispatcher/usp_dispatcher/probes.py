@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 import time
-from typing import Final
+from typing import Any, Final
 
 from fastapi.concurrency import run_in_threadpool
 from sqlmodel import Session
@@ -21,7 +21,7 @@ from usp_workers.transport import make_client
 from .feed import check_url
 from .problems import HTTPProblem
 
-__all__ = ["INTERVAL_SECONDS", "run"]
+__all__ = ["INTERVAL_SECONDS", "cases_of", "run"]
 
 #: Each run is fourteen requests: a target is probed at most this often.
 INTERVAL_SECONDS: Final = 10.0
@@ -62,6 +62,12 @@ async def run(
     )
     await run_in_threadpool(_save, session, recorded)
     return recorded
+
+
+def cases_of(recorded: ProbeRun) -> tuple[list[dict[str, Any]], str]:
+    """A recorded run's cases (as :func:`usp_workers.probe.as_json` wrote them) and its verdict."""
+    cases: list[dict[str, Any]] = json.loads(recorded.results)
+    return cases, probe.verdict([(c["case"], c["finding"]) for c in cases if not c["ok"]])
 
 
 def _save(session: Session, recorded: ProbeRun) -> None:

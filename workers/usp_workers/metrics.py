@@ -52,7 +52,7 @@ from .operations import DELETED
 from .ordering import blocked_counts, unblocked
 from .settings import Settings
 
-__all__ = ["LATENCY_BUCKETS", "DatabaseCollector", "Snapshot", "render", "snapshot"]
+__all__ = ["LATENCY_BUCKETS", "DatabaseCollector", "Snapshot", "delivery_counts", "render", "snapshot"]
 
 #: Upper bounds (seconds) of the attempt latency histogram's buckets; +Inf is added.
 LATENCY_BUCKETS: tuple[float, ...] = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 15.0)
@@ -102,12 +102,7 @@ def snapshot(engine: Engine, settings: Settings, *, now: datetime | None = None)
     result = Snapshot()
     d = _deliveries.c
     with engine.connect() as connection:
-        rows = connection.execute(
-            sa.select(d.status, _events.c.event_type, sa.func.count())
-            .select_from(_deliveries.join(_events, _events.c.id == d.event_id))
-            .group_by(d.status, _events.c.event_type)
-        ).all()
-        result.deliveries = {(row[0], row[1]): int(row[2]) for row in rows}
+        result.deliveries = delivery_counts(connection)
         # The dead letter: a dead delivery delivered again is "superseded", counted apart.
         result.dead = sum(n for (status, _), n in result.deliveries.items() if status == DeliveryStatus.DEAD)
         result.in_flight = sum(
@@ -163,6 +158,18 @@ def snapshot(engine: Engine, settings: Settings, *, now: datetime | None = None)
             )
         ]
     return result
+
+
+def delivery_counts(connection: sa.Connection) -> dict[tuple[str, str], int]:
+    """Delivery rows per (status, event type): ``usp_deliveries``, and what the console's dead
+    letter page totals, so the two always agree."""
+    d = _deliveries.c
+    rows = connection.execute(
+        sa.select(d.status, _events.c.event_type, sa.func.count())
+        .select_from(_deliveries.join(_events, _events.c.id == d.event_id))
+        .group_by(d.status, _events.c.event_type)
+    ).all()
+    return {(row[0], row[1]): int(row[2]) for row in rows}
 
 
 class DatabaseCollector:

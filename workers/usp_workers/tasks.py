@@ -143,6 +143,17 @@ def enqueue_job(job_id: str, *, app: Celery | None = None) -> None:
     )
 
 
+def send_job(job_id: str) -> bool:
+    """:func:`enqueue_job`, answering whether the broker took it; a refusal is logged and the
+    job stays recorded, for its resume (the admin API and the console say so)."""
+    try:
+        enqueue_job(job_id)
+    except Exception:
+        logger.exception("could not send job %s to the workers", job_id)
+        return False
+    return True
+
+
 # ------------------------------------------------------------------------------- the engine
 
 

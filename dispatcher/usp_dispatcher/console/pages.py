@@ -9,11 +9,10 @@ from __future__ import annotations
 
 import hmac
 import json
-import logging
 from datetime import datetime
 from typing import Annotated, Any, Final
 
-from fastapi import APIRouter, Depends, Form, HTTPException, Query, Request
+from fastapi import APIRouter, Depends, Form, Query, Request
 from fastapi.responses import HTMLResponse, Response
 from sqlalchemy.engine import Engine
 
@@ -26,30 +25,23 @@ from ..deps import SessionDep, SettingsDep, get_engine
 from ..problems import HTTPProblem
 from . import session as login
 from .session import Login
-from .web import HEADERS, UNSETTLED, admin_token, call, checked_form, redirect, render, utc
+from .web import UNSETTLED, admin_token, call, redirect, render, session_dependencies, utc
 
 __all__ = ["router"]
 
 router = APIRouter(prefix="/console", include_in_schema=False)
 
-logger = logging.getLogger("usp_dispatcher")
 
 # ------------------------------------------------------------------------------- guards
 
 
-async def _page_session(request: Request, settings: SettingsDep) -> Login:
-    found = login.read(request.cookies.get(login.COOKIE), admin_token(settings))
-    if found is None:
-        raise HTTPException(303, "log in first", headers={"Location": "/console/login", **HEADERS})
-    return found
-
-
-async def _action_session(
-    request: Request, settings: SettingsDep, csrf: Annotated[str | None, Form(max_length=128)] = None
-) -> Login:
-    found = login.read(request.cookies.get(login.COOKIE), admin_token(settings))
-    return checked_form(request, found, csrf, without="Log in at /console/login first.")
-
+_page_session, _action_session = session_dependencies(
+    cookie=login.COOKIE,
+    purpose="console",
+    lifetime=login.LIFETIME_SECONDS,
+    entry="/console/login",
+    without="Log in at /console/login first.",
+)
 
 PageDep = Annotated[Login, Depends(_page_session)]
 ActionDep = Annotated[Login, Depends(_action_session)]
@@ -128,9 +120,7 @@ async def events(
     except operations.OperationError as exc:
         context |= {"problem": exc.detail, "page": None}
         return render(request, "events.html", context, status_code=422)
-    next_query = {k: v for k, v in asked.items() if v}
-    if page.next_cursor:
-        next_query["cursor"] = page.next_cursor
+    next_query = _next_query(asked, page.next_cursor)
     return render(request, "events.html", context | {"page": page, "next_query": next_query})
 
 
@@ -196,7 +186,6 @@ async def dead_letter(
     request: Request,
     db: SessionDep,
     engine: Annotated[Engine, Depends(get_engine)],
-    settings: SettingsDep,
     console: PageDep,
     subscription: Annotated[str, Query(max_length=40)] = "",
     type: Annotated[str, Query(max_length=64)] = "",
@@ -205,22 +194,20 @@ async def dead_letter(
     cursor: Annotated[str, Query(max_length=256)] = "",
 ) -> Response:
     """Dead deliveries, newest first, filtered as a redrive can be; the totals by status are the
-    numbers ``/metrics`` reports (the same snapshot function)."""
+    numbers ``/metrics`` reports (the same query)."""
     asked = {"subscription": subscription, "type": type, "since": since, "until": until}
-    snap = await call(metrics.snapshot, engine, settings)
     totals: dict[str, int] = {}
-    for (status, _), count in snap.deliveries.items():
+    for (status, _), count in (await call(_delivery_counts, engine)).items():
         totals[status] = totals.get(status, 0) + count
-    context: dict[str, Any] = {"console": console, "asked": asked, "totals": totals, "dead": snap.dead}
+    dead = totals.get(DeliveryStatus.DEAD.value, 0)
+    context: dict[str, Any] = {"console": console, "asked": asked, "totals": totals, "dead": dead}
     try:
         filters = _dead_filter(subscription, type, since, until)
         page = await call(operations.dead_letter, db, filters, cursor=cursor or None, limit=50)
     except operations.OperationError as exc:
         context |= {"problem": exc.detail, "page": None}
         return render(request, "dead_letter.html", context, status_code=422)
-    next_query = {k: v for k, v in asked.items() if v}
-    if page.next_cursor:
-        next_query["cursor"] = page.next_cursor
+    next_query = _next_query(asked, page.next_cursor)
     return render(request, "dead_letter.html", context | {"page": page, "next_query": next_query})
 
 
@@ -272,12 +259,8 @@ async def resume(job_id: str, db: SessionDep, console: ActionDep) -> Response:
 async def _hand_to_workers(job: operations.JobView) -> Response:
     """Send a recorded job to the workers and show it; when the broker refuses, its page says
     so and offers to resume it (as ``/admin`` answers 503)."""
-    if job.status == "running":
-        try:
-            await call(tasks.enqueue_job, job.id)
-        except Exception:
-            logger.exception("could not send job %s to the workers", job.id)
-            return redirect(f"/console/jobs/{job.id}?unsent=true")
+    if job.status == "running" and not await call(tasks.send_job, job.id):
+        return redirect(f"/console/jobs/{job.id}?unsent=true")
     return redirect(f"/console/jobs/{job.id}")
 
 
@@ -294,6 +277,19 @@ def _timeline(detail: operations.EventDetail) -> list[tuple[datetime, str]]:
         if d.completed_at is not None:
             happened.append((utc(d.completed_at), f"delivery {d.id} {d.status.replace('_', ' ')}"))
     return sorted(happened, key=lambda item: item[0])
+
+
+def _delivery_counts(engine: Engine) -> dict[tuple[str, str], int]:
+    with engine.connect() as connection:
+        return metrics.delivery_counts(connection)
+
+
+def _next_query(asked: dict[str, str], cursor: str | None) -> dict[str, str]:
+    """The query string of a listing's next page: the filters asked, and the cursor."""
+    query = {k: v for k, v in asked.items() if v}
+    if cursor:
+        query["cursor"] = cursor
+    return query
 
 
 def _dead_filter(subscription: str, event_type: str, since: str, until: str) -> DeadLetterFilter:

@@ -5,12 +5,11 @@ operator issues (``usp-webhooks portal-link``). Every query is scoped to the pla
 
 from __future__ import annotations
 
-import json
 from datetime import UTC, datetime, timedelta
 from typing import Annotated, Any, Final
 from urllib.parse import urlencode, urlsplit
 
-from fastapi import APIRouter, Depends, Form, HTTPException, Query, Request
+from fastapi import APIRouter, Depends, Form, Query, Request
 from fastapi.responses import HTMLResponse, Response
 from sqlmodel import Session, col, select
 
@@ -18,7 +17,6 @@ from usp_schemas import EVENT_TYPES
 from usp_workers import operations
 from usp_workers.models import Subscription, Transport
 from usp_workers.outbox import emit, event_matches
-from usp_workers.probe import verdict
 from usp_workers.settings import Settings
 
 from .. import probes
@@ -28,7 +26,7 @@ from ..errors import DispatcherError
 from ..problems import HTTPProblem
 from . import session as login
 from .session import Login
-from .web import HEADERS, UNSETTLED, admin_token, call, checked_form, redirect, render
+from .web import UNSETTLED, admin_token, call, redirect, render, session_dependencies
 
 __all__ = ["LINK_SECONDS", "link", "router"]
 
@@ -46,23 +44,13 @@ def link(settings: Settings, platform: str, *, base_url: str) -> tuple[str, date
     return f"{base_url.rstrip('/')}/portal/enter?{urlencode({'token': token})}", expires
 
 
-async def _page(request: Request, settings: SettingsDep) -> Login:
-    found = login.read(
-        request.cookies.get(COOKIE), admin_token(settings), purpose="portal", lifetime=SESSION_SECONDS
-    )
-    if found is None:
-        raise HTTPException(303, "enter by a portal link", headers={"Location": "/portal/expired", **HEADERS})
-    return found
-
-
-async def _action(
-    request: Request, settings: SettingsDep, csrf: Annotated[str | None, Form(max_length=128)] = None
-) -> Login:
-    found = login.read(
-        request.cookies.get(COOKIE), admin_token(settings), purpose="portal", lifetime=SESSION_SECONDS
-    )
-    return checked_form(request, found, csrf, without="Open the portal by a fresh portal link.")
-
+_page, _action = session_dependencies(
+    cookie=COOKIE,
+    purpose="portal",
+    lifetime=SESSION_SECONDS,
+    entry="/portal/expired",
+    without="Open the portal by a fresh portal link.",
+)
 
 PageDep = Annotated[Login, Depends(_page)]
 ActionDep = Annotated[Login, Depends(_action)]
@@ -222,9 +210,8 @@ async def probe_subscription(
         return await _subscription_page(
             request, db, portal, subscription_id, problem=exc.detail, status_code=status
         )
-    cases = json.loads(run.results)
-    wrong = [(c["case"], c["finding"]) for c in cases if not c["ok"]]
-    context = {"portal": portal, "s": health, "run": run, "cases": cases, "verdict": verdict(wrong)}
+    cases, verdict = probes.cases_of(run)
+    context = {"portal": portal, "s": health, "run": run, "cases": cases, "verdict": verdict}
     return render(request, "portal_probe.html", context)
 
 

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Final, TypeVar
+from typing import Annotated, Any, Final, TypeVar
 from urllib.parse import urlsplit
 
-from fastapi import Request
+from fastapi import Form, HTTPException, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import RedirectResponse, Response
 from fastapi.staticfiles import StaticFiles
@@ -17,7 +17,9 @@ from fastapi.templating import Jinja2Templates
 from usp_workers.models import DeliveryStatus
 from usp_workers.settings import Settings
 
+from ..deps import SettingsDep
 from ..problems import HTTPProblem
+from . import session as login
 from .session import Login
 
 __all__ = [
@@ -26,9 +28,9 @@ __all__ = [
     "UNSETTLED",
     "admin_token",
     "call",
-    "checked_form",
     "redirect",
     "render",
+    "session_dependencies",
     "static_files",
     "utc",
 ]
@@ -56,19 +58,40 @@ def admin_token(settings: Settings) -> str:
     return settings.admin_token.get_secret_value() if settings.admin_token is not None else ""
 
 
-def checked_form(request: Request, found: Login | None, csrf: str | None, *, without: str) -> Login:
-    """The session a form was posted in, once the form carries its CSRF token and, when the
-    browser says where it was posted from, comes from this host. ``without``: what to do when
-    there is no session."""
-    if found is None:
-        raise HTTPProblem(401, "session_required", "Unauthorized", without)
-    origin = request.headers.get("origin")
-    if origin is not None and urlsplit(origin).netloc != request.headers.get("host"):
-        raise HTTPProblem(403, "cross_origin", "Forbidden", "The form was not posted from this site.")
-    if not found.csrf_ok(csrf):
-        detail = "The form's CSRF token is missing or wrong: reload the page."
-        raise HTTPProblem(403, "csrf_token_invalid", "Forbidden", detail)
-    return found
+def session_dependencies(
+    *, cookie: str, purpose: str, lifetime: float, entry: str, without: str
+) -> tuple[Callable[..., Awaitable[Login]], Callable[..., Awaitable[Login]]]:
+    """The page and action dependencies of a surface whose session is the ``cookie`` token of
+    ``purpose``: a page without a session redirects to ``entry``; an action needs the session,
+    its CSRF token in the form and, when the browser says where it was posted from, this host
+    (refusals are problems; ``without``: what to do when there is no session)."""
+
+    def current(request: Request, settings: Settings) -> Login | None:
+        return login.read(
+            request.cookies.get(cookie), admin_token(settings), purpose=purpose, lifetime=lifetime
+        )
+
+    async def page(request: Request, settings: SettingsDep) -> Login:
+        found = current(request, settings)
+        if found is None:
+            raise HTTPException(303, "no session", headers={"Location": entry, **HEADERS})
+        return found
+
+    async def action(
+        request: Request, settings: SettingsDep, csrf: Annotated[str | None, Form(max_length=128)] = None
+    ) -> Login:
+        found = current(request, settings)
+        if found is None:
+            raise HTTPProblem(401, "session_required", "Unauthorized", without)
+        origin = request.headers.get("origin")
+        if origin is not None and urlsplit(origin).netloc != request.headers.get("host"):
+            raise HTTPProblem(403, "cross_origin", "Forbidden", "The form was not posted from this site.")
+        if not found.csrf_ok(csrf):
+            detail = "The form's CSRF token is missing or wrong: reload the page."
+            raise HTTPProblem(403, "csrf_token_invalid", "Forbidden", detail)
+        return found
+
+    return page, action
 
 
 def utc(moment: datetime) -> datetime:

@@ -8,8 +8,6 @@ typed models (so ``/docs`` documents every field). Long operations (recover, red
 
 from __future__ import annotations
 
-import json
-import logging
 from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Annotated, Any, Literal, TypeVar
@@ -19,7 +17,7 @@ from fastapi.concurrency import run_in_threadpool
 from pydantic import BaseModel, ConfigDict, Field
 from sqlmodel import Session, col, select
 
-from usp_workers import keys, operations, probe, tasks
+from usp_workers import keys, operations, tasks
 from usp_workers.models import (
     DeliveryStatus,
     OnDead,
@@ -39,8 +37,6 @@ from ..deps import ResolverDep, SessionDep, SettingsDep
 from ..problems import HTTPProblem
 
 __all__ = ["router"]
-
-logger = logging.getLogger("usp_dispatcher")
 
 
 class ProblemOut(BaseModel):
@@ -650,8 +646,7 @@ async def list_probes(session: SessionDep, limit: Limit = 50) -> ProbeRunPage:
 
 
 def _probe_out(run: ProbeRun) -> ProbeRunOut:
-    cases = [ProbeCaseOut(**case) for case in json.loads(run.results)]
-    verdict = probe.verdict([(c.case, c.finding) for c in cases if not c.ok])
+    cases, verdict = probes.cases_of(run)
     return ProbeRunOut(
         id=run.id,
         created_at=run.created_at,
@@ -660,7 +655,7 @@ def _probe_out(run: ProbeRun) -> ProbeRunOut:
         transport=run.transport,
         problems=run.problems,
         verdict=verdict,
-        results=cases,
+        results=[ProbeCaseOut(**case) for case in cases],
     )
 
 
@@ -678,17 +673,13 @@ async def _run(function: Callable[..., _T], *args: Any, **kwargs: Any) -> _T:
 
 async def _started(job: operations.JobView) -> JobOut:
     """Hand a recorded job to the workers; 503 (naming the job, to resume) when the broker refuses."""
-    if job.status == "running":
-        try:
-            await run_in_threadpool(tasks.enqueue_job, job.id)
-        except Exception:
-            logger.exception("could not send job %s to the workers", job.id)
-            raise HTTPProblem(
-                503,
-                "broker_unavailable",
-                "Service unavailable",
-                f"job {job.id} is recorded but could not be sent to the workers; "
-                f"POST /admin/jobs/{job.id}/resume once the broker is back",
-                extra={"job_id": job.id},
-            ) from None
+    if job.status == "running" and not await run_in_threadpool(tasks.send_job, job.id):
+        raise HTTPProblem(
+            503,
+            "broker_unavailable",
+            "Service unavailable",
+            f"job {job.id} is recorded but could not be sent to the workers; "
+            f"POST /admin/jobs/{job.id}/resume once the broker is back",
+            extra={"job_id": job.id},
+        )
     return JobOut.model_validate(job)
