@@ -140,7 +140,7 @@ def test_without_tracing_no_span_is_made_and_no_context_stored(
 def _sample() -> dict[str, object]:
     import json
 
-    from usp_dispatcher.cli_admin import sample_event
+    from usp_dispatcher.samples import sample_event
 
     body: dict[str, object] = json.loads(sample_event("booking.confirmed"))
     return body

@@ -20,10 +20,10 @@ from usp_workers.outbox import emit, event_matches
 from usp_workers.settings import Settings
 
 from .. import probes
-from ..cli_admin import sample_event
 from ..deps import ResolverDep, SessionDep, SettingsDep
 from ..errors import DispatcherError
 from ..problems import HTTPProblem
+from ..samples import sample_event
 from . import session as login
 from .session import Login
 from .web import UNSETTLED, admin_token, call, redirect, render, session_dependencies

@@ -21,8 +21,8 @@ from typer.testing import CliRunner, Result
 
 from tests.workers.endpoints import Answer, UspReceiver
 from usp_dispatcher import cli
-from usp_dispatcher.cli_admin import sample_event
-from usp_dispatcher.cli_output import short_id
+from usp_dispatcher.cli.output import short_id
+from usp_dispatcher.samples import sample_event
 from usp_schemas import EVENT_TYPES, parse_event
 from usp_workers.models import Delivery, DeliveryStatus, Subscription
 

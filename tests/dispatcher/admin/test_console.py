@@ -21,7 +21,7 @@ from playwright.sync_api import Browser, BrowserContext, Page, expect
 from sqlmodel import Session
 
 from tests.workers.endpoints import Answer, UspReceiver
-from usp_dispatcher.cli_admin import sample_event
+from usp_dispatcher.samples import sample_event
 from usp_workers.models import Delivery, DeliveryStatus, Subscription
 
 from ..conftest import ADMIN, ADMIN_TOKEN

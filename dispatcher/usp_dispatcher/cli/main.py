@@ -2,19 +2,17 @@
 
 Settings come from the environment (``USP_*``, see :class:`usp_workers.settings.Settings`), the
 same for every command, so ``migrate`` prepares exactly the database ``api`` will use. ``keys
-list|rotate``, like the operator commands of :mod:`.cli_admin`, talk to a running service's admin
+list|rotate``, like the operator commands of :mod:`.admin`, talk to a running service's admin
 API (``--url``/``--token`` or ``USP_ADMIN_URL``/``USP_ADMIN_TOKEN``) instead.
 
 Adding a command: define a function in this module (or another) and register it on :data:`app`
 (``app.command()(my_command)``) or, for a group, on a new ``typer.Typer`` added with
-``app.add_typer``. Use :func:`load_settings` and :func:`open_engine` so every command reads its
+``app.add_typer``. Use :mod:`.config`'s ``load_settings`` and ``open_engine`` so every command reads its
 configuration the same way. Private key material is never printed by any command here.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
 from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Annotated
@@ -22,18 +20,16 @@ from typing import Annotated
 import typer
 from rich.console import Console
 from rich.text import Text
-from sqlalchemy.engine import Engine
 
-from usp_workers import db
-from usp_workers.settings import Settings
+from .. import database
+from .access import api_keys_app
+from .admin import DEFAULT_URL, AdminClient, Token, Url
+from .admin import register as register_operator_commands
+from .config import load_settings, open_engine
+from .content import register as register_content_commands
+from .output import Json, print_json
 
-from . import database
-from .cli_admin import DEFAULT_URL, AdminClient, Token, Url
-from .cli_admin import register as register_operator_commands
-from .cli_content import register as register_content_commands
-from .cli_output import Json, print_json
-
-__all__ = ["app", "keys_app", "load_settings", "main", "open_engine"]
+__all__ = ["app", "keys_app", "main"]
 
 app = typer.Typer(
     name="usp-webhooks",
@@ -59,21 +55,6 @@ class KeyAlgorithm(StrEnum):
 def main() -> None:
     """Console-script entry point (``usp-webhooks``)."""
     app(prog_name="usp-webhooks")
-
-
-def load_settings() -> Settings:
-    """The configuration every command uses: the environment (and ``.env``)."""
-    return Settings()
-
-
-@contextmanager
-def open_engine(settings: Settings) -> Iterator[Engine]:
-    """An engine for the configured database, disposed of when the command is done."""
-    engine = db.make_engine(settings)
-    try:
-        yield engine
-    finally:
-        engine.dispose()
 
 
 # ------------------------------------------------------------------------------------ database
@@ -135,7 +116,7 @@ def api(
     """Serve the HTTP API (events, subscriptions, JWKS) with uvicorn."""
     import uvicorn
 
-    from .app import create_app
+    from ..app import create_app
 
     uvicorn.run(create_app(load_settings()), host=host, port=port)
 
@@ -147,7 +128,7 @@ def mcp() -> None:
     For an agent that starts the business's server itself; over the network the same tools are
     at the API's /mcp. Credentials come in _meta.usp.authorization.
     """
-    from .mcp.stdio import run_stdio
+    from ..mcp.stdio import run_stdio
 
     run_stdio(load_settings())
 
@@ -174,7 +155,7 @@ def scheduler() -> None:
     from usp_workers import tasks
     from usp_workers.relay import run_relay
 
-    from .housekeeping import housekeeping_thread
+    from ..housekeeping import housekeeping_thread
 
     settings = load_settings()
     # Events of expired offers reach the broker at once, not at the relay's re-send.
@@ -207,7 +188,7 @@ def up(
     folder. Without USP_ADMIN_TOKEN, an admin token is generated for this session and printed
     once.
     """
-    from .supervisor import run_up
+    from ..supervisor import run_up
 
     raise typer.Exit(
         run_up(load_settings(), host=host, port=port, concurrency=concurrency, console=console, dev=dev)
@@ -269,10 +250,5 @@ def _when(moment: str | None) -> str:
 register_operator_commands(app)
 register_content_commands(app)
 
-# api-keys create/list/revoke: platforms' bearer keys (imported last: it uses this module's helpers)
-from .cli_access import api_keys_app  # noqa: E402
 
 app.add_typer(api_keys_app, name="api-keys")
-
-if __name__ == "__main__":  # ``python -m usp_dispatcher.cli`` (how ``up`` starts its children)
-    main()

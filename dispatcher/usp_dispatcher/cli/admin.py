@@ -7,8 +7,8 @@ gets, verified, and forwards it). Every command reads the API's address and the 
 ``--url``/``--token`` or ``USP_ADMIN_URL``/``USP_ADMIN_TOKEN``; nothing here opens the database,
 so they work from any machine that can reach the API. The token is sent, never printed.
 
-:func:`register` adds them to the ``usp-webhooks`` app (``usp_dispatcher.cli``). ``keys
-list|rotate`` (in :mod:`usp_dispatcher.cli`) use the same :class:`AdminClient`.
+:func:`register` adds them to the ``usp-webhooks`` app (:mod:`.main`), whose ``keys
+list|rotate`` use the same :class:`AdminClient`.
 """
 
 from __future__ import annotations
@@ -33,12 +33,11 @@ from rich.text import Text
 from usp_receiver import ReceivedWebhook, RemoteJWKS, Verifier, WebhookReceiver
 from usp_receiver.asgi import WebhookApp
 from usp_receiver.dedupe import MemoryDedupe
-from usp_schemas import BOOKING_CONFIRMED_EXAMPLE, EVENT_TYPES, new_event_id, parse_event
 
-from .cli_output import Json, add_row, age, print_json, short_id, table
-from .ucap.samples import content_sample
+from ..samples import sample_event
+from .output import Json, add_row, age, print_json, short_id, table
 
-__all__ = ["AdminClient", "register", "sample_event"]
+__all__ = ["AdminClient", "register"]
 
 #: Everything printed comes from the API or an endpoint: plain text, never Rich markup (a
 #: response excerpt holding "[/]" must neither restyle the terminal nor crash the command).
@@ -76,15 +75,6 @@ Wait = Annotated[bool, typer.Option("--wait/--no-wait", help="Follow the job wit
 DEFAULT_URL = "http://127.0.0.1:8000"
 _AGE = re.compile(r"^(\d+)([smhd])$")
 _UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days"}
-_BOOKING_STATES = {
-    "booking.created": "pending",
-    "booking.confirmed": "confirmed",
-    "booking.rescheduled": "confirmed",
-    "booking.cancelled": "cancelled",
-    "booking.completed": "completed",
-    "booking.no_show": "no_show",
-}
-_SAMPLE_DURATION = "PT60M"
 #: Characters of a response excerpt shown in ``events show`` (the API has the whole excerpt).
 _EXCERPT = 80
 #: How often a followed job is polled.
@@ -580,66 +570,15 @@ def trigger(
     token: Token = None,
 ) -> None:
     """Post a realistic sample event (fresh event_id, timestamp now) to POST /events."""
-    event = sample_event(event_type)
+    try:
+        event = sample_event(event_type)
+    except ValueError as exc:
+        _fail(str(exc), code=2)
     with AdminClient(url, token) as api:
         accepted = api.call("POST", "/events", content=event, headers={"Content-Type": "application/json"})
     console.print(
         f"{event_type} {accepted['event_id']} accepted: {accepted['deliveries']} deliveries", markup=False
     )
-
-
-def sample_event(event_type: str) -> str:
-    """A valid sample event of ``event_type`` (any type) as JSON: the schemas' booking example
-    and its buyer, service and slot, shaped for the type (for ``content.*``, the demo publication's
-    post, subscription and entitlement), with a fresh ``event_id``."""
-    if event_type not in EVENT_TYPES:
-        _fail(f"no sample for {event_type!r}; choose one of: {', '.join(EVENT_TYPES)}", code=2)
-    example = json.loads(BOOKING_CONFIRMED_EXAMPLE)
-    booking = example["data"]
-    service_id = booking["service_id"]
-    now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-    body: dict[str, Any] = {"version": example["version"]}
-    body |= {"event": event_type, "event_id": new_event_id(), "timestamp": now}
-    if event_type.startswith("booking."):
-        state = _BOOKING_STATES[event_type]
-        body |= {"booking_id": booking["id"], "service_id": service_id, "order_id": example["order_id"]}
-        body["data"] = booking
-        body["data"] |= {"state": state, "updated_at": now}
-        if state == "cancelled":
-            body["data"]["cancellation_reason"] = "buyer_request"
-    elif event_type == "catalog.availability.changed":
-        slot = {k: booking[k] for k in ("start", "end")} | {
-            "id": booking["slot_id"],
-            "service_id": service_id,
-            "duration": _SAMPLE_DURATION,
-            "state": "booked",
-            "capacity": 1,
-            "remaining": 0,
-        }
-        body |= {"service_id": service_id, "data": {"service_id": service_id, "slots": [slot]}}
-    elif event_type.startswith("content."):
-        body |= content_sample(event_type, now)
-    elif event_type.startswith("catalog.service."):
-        service: dict[str, Any] = {"id": service_id, "name": "Haircut", "duration": _SAMPLE_DURATION}
-        service["active"] = event_type != "catalog.service.deleted"
-        body |= {"service_id": service_id, "data": service}
-    else:
-        state = event_type.removeprefix("waitlist.")
-        entry: dict[str, Any] = {
-            "id": "wl_sample",
-            "service_id": service_id,
-            "state": state,
-            "buyer": booking["buyer"],
-            "desired_window": {"start": booking["start"], "end": booking["end"]},
-            "created_at": now,
-            "updated_at": now,
-        }
-        if state in ("offered", "expired", "converted"):
-            entry |= {"offered_slot_id": booking["slot_id"], "offer_expires_at": now}
-        if state == "converted":
-            entry["booking_id"] = body["booking_id"] = booking["id"]
-        body |= {"waitlist_entry_id": entry["id"], "service_id": service_id, "data": entry}
-    return parse_event(body).model_dump_json()  # validated by the models it claims to be
 
 
 def listen(

@@ -17,8 +17,9 @@ from sqlmodel import Session
 
 from usp_workers import db
 
-from .access import create_api_key, list_api_keys, revoke_api_key
-from .cli_output import Json, add_row, age, print_json, table
+from ..access import create_api_key, list_api_keys, revoke_api_key
+from .config import load_settings, open_engine
+from .output import Json, add_row, age, print_json, table
 
 __all__ = ["api_keys_app"]
 
@@ -30,7 +31,6 @@ console = Console()
 def _database() -> Iterator[Session]:
     """A session on the configured database, read as every command reads it. ``cli`` is imported
     here, not at the top: it registers this module's commands, so it imports this module."""
-    from .cli import load_settings, open_engine
 
     with open_engine(load_settings()) as engine, db.session(engine) as session:
         yield session

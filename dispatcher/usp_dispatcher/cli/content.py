@@ -14,8 +14,9 @@ from rich.console import Console
 
 from usp_workers import db
 
-from .cli_admin import DEFAULT_URL, AdminClient, Token, Url
-from .cli_output import Json, add_row, print_json, short_id, table
+from .admin import DEFAULT_URL, AdminClient, Token, Url
+from .config import load_settings, open_engine
+from .output import Json, add_row, print_json, short_id, table
 
 __all__ = ["register"]
 
@@ -96,9 +97,8 @@ def subscriptions(
 def confirm(session_id: Annotated[str, typer.Argument(help="The checkout session id (chk_…).")]) -> None:
     """Complete a checkout session in the configured database, as the provider's webhook would:
     the subscription is activated and the entitlement granted, once."""
-    from .cli import load_settings, open_engine  # cli registers this module's commands
-    from .ucap.answers import UcapError
-    from .ucap.subscriptions import fulfil
+    from ..ucap.answers import UcapError
+    from ..ucap.subscriptions import fulfil
 
     try:
         with open_engine(load_settings()) as engine, db.session(engine) as session:
@@ -131,7 +131,7 @@ def ucap_mcp(
 ) -> None:
     """Serve the five UCAP tools over stdio, signing every /v1 call with the agent's key (the seed's
     agent-side MCP server: add it to your MCP client's configuration)."""
-    from .mcp.ucap_agent import run_agent_stdio
+    from ..mcp.ucap_agent import run_agent_stdio
 
     run_agent_stdio(api, agent_key, signature_agent)
 
