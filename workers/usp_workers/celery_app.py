@@ -1,26 +1,8 @@
 """The Celery application: one queue of delivery batches, configured for at-least-once.
 
-``celery -A usp_workers.celery_app worker`` finds :data:`app`, built from the environment
-(``USP_*``). Code that has its own :class:`~usp_workers.settings.Settings` calls
-:func:`make_celery` instead.
-
-Celery carries wake-ups, not state. A message is a list of delivery ids; the database says what
-is due (``next_attempt_at``), who holds what (``status`` + ``lease_until``) and what happened.
-So no result backend, no ETA/countdown messages (the schedule lives in the database and the
-relay enqueues what is due), and every recovery path ends in the database:
-
-* ``task_acks_late`` + ``task_reject_on_worker_lost``: a message is acknowledged only after its
-  batch ran, so a worker that dies mid-batch leaves it unacknowledged and the broker can hand it
-  out again (Redis after ``visibility_timeout``; RabbitMQ when the connection drops).
-* The database lease covers what the broker cannot (the embedded broker never redelivers, and
-  Redis only after an hour): the relay turns expired leases back into pending deliveries within
-  ``lease_seconds`` and re-sends them. A redelivered message that arrives later finds its
-  deliveries no longer pending-and-due and does nothing: claims are conditional UPDATEs.
-
-Logging: a worker of an app made for ``USP_LOG_FORMAT=json`` writes one JSON object per line,
-Celery's own lines included, however it was started (``celery -A usp_workers.celery_app
-worker``, or :func:`usp_workers.worker.run_worker`): :func:`make_celery` hooks Celery's logging
-set-up (:func:`usp_workers.logs.hook_celery_logging`). Otherwise Celery's text set-up runs.
+``celery -A usp_workers.celery_app worker`` finds :data:`app`, built from the environment;
+code with its own settings calls :func:`make_celery`. Messages carry wake-ups, the database
+carries state (docs/architecture.md, "Celery carries wake-ups").
 """
 
 from __future__ import annotations

@@ -1,42 +1,8 @@
 """The delivery engine: claim a batch of deliveries, try each once, record what happened.
 
-:func:`deliver_batch` is the whole engine, async and free of Celery and FastAPI: a Celery task,
-a relay loop, a test or a benchmark calls it the same way. One call:
-
-1. loads the signing keys of the moment (cached, see :mod:`usp_workers.keycache`), so a missing
-   key fails the batch *before* anything is claimed;
-2. claims the due deliveries among the ids and loads their events and subscriptions
-   (:func:`usp_workers.store.claim_and_load`); ids it cannot claim (done, not due, held by
-   another worker) are skipped silently;
-3. gives up, without a request, a delivery whose subscription is disabled (it goes dead);
-4. checks each distinct target URL once with the SSRF guard (at delivery time: DNS may have
-   changed since registration) and pins the checked address;
-5. signs and POSTs every delivery, each signed afresh (new ``created``), at most
-   ``per_endpoint_concurrency`` at a time per endpoint in this process, each bounded by
-   ``total_timeout``; a batch uses the endpoint slots free when it arrives and never waits for
-   slots other batches hold: deliveries to a saturated endpoint are deferred untried (back to
-   pending, due now), as are those a try could no longer finish within the lease. A hung
-   endpoint thus holds at most ``per_endpoint_concurrency`` tries (and worker threads) per
-   process, and never stalls other subscriptions or makes a lease expire mid-try;
-6. judges each try (:func:`usp_workers.verdict.judge`) and records its attempt and new state
-   within :data:`RECORD_DELAY` of its end, together with the others that ended meanwhile (one
-   transaction for a fast batch), fenced by the lease (:func:`usp_workers.store.record`); the
-   last record also writes the subscriptions' health (:mod:`usp_workers.health`: tallied per
-   subscription, written only on transitions or every few seconds, never once per success);
-7. hands over the next delivery of each ordered subject it settled (:mod:`usp_workers.ordering`).
-
-Endpoint health gates step 5: a subscription whose circuit breaker is open (or that asked for
-back-pressure with a 429) has its deliveries *paused*: back to ``pending``, due when the pause
-ends, no attempt spent; when the pause ends one worker wins the half-open probe. A subscription
-with a ``rate_limit`` reserves each start in its fleet-wide bucket (:mod:`usp_workers.ratelimit`)
-right before the request, and waits for it when it is near; one further away is deferred the
-same way. Neither costs a query for a healthy, unlimited subscription.
-
-Database calls never run on the event loop: it is shared by every batch in flight, and a
-blocking query would stall all of their requests. :func:`deliver_batch` runs them in worker
-threads (``anyio.to_thread``); :func:`deliver_batch_sync`, the same for synchronous callers
-(Celery worker threads), runs the claim and the record on the calling thread and hands only the
-HTTP exchanges to the loop.
+:func:`deliver_batch` is the whole engine, async and free of Celery and FastAPI (a task, a test
+or a benchmark calls it alike); :func:`deliver_batch_sync` is the same for Celery's threads. Its
+steps and why: docs/architecture.md, "The delivery engine".
 """
 
 from __future__ import annotations

@@ -1,27 +1,7 @@
 """The embedded broker: kombu's SQLAlchemy transport on a SQLite file, made fit for several processes.
 
-With no ``USP_BROKER_URL`` the service needs no Redis: Celery's messages go through a SQLite file
-beside the database (``sqla+sqlite:///…-broker.sqlite3``), and the API, the scheduler and every
-worker process open that file. kombu's transport works across processes (~250 tasks/s here) but
-has three gaps this module closes:
-
-* **Polling.** An idle consumer polls every ``polling_interval`` (1 s by default: up to a second
-  of added latency per hand-off). kombu reads the option from the transport options, and then
-  passes every option it does not know to ``create_engine``, which refuses ``polling_interval``.
-  :class:`EmbeddedTransport` sets the interval on the class instead (0.05 s) and drops the option
-  before the engine is built.
-* **Concurrency.** Every poll takes SQLite's write lock (``BEGIN IMMEDIATE``). The transport's
-  engine gets WAL (readers never wait for the writer) and a busy timeout (writers queue instead of
-  failing with "database is locked" when the API, the relay and a worker meet).
-* **Growth.** A fetched message is only marked ``visible = false``, never deleted, so the file
-  grows forever. :func:`prune_consumed` deletes consumed rows (the relay calls it every pass).
-
-What it cannot do: restore a killed worker's messages (a fetched row is never shown again). The
-database's leases cover that: the relay re-sends whatever a dead worker held
-(:mod:`usp_workers.relay`).
-
-Celery gets the transport by class path (``broker_transport``) and the URL without its ``sqla+``
-prefix: kombu refuses import paths that come from URLs, and takes them from that setting.
+What it fixes in kombu's transport (polling, locking, growth) and what it cannot do:
+docs/architecture.md, "The embedded broker".
 """
 
 from __future__ import annotations

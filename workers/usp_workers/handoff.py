@@ -1,22 +1,5 @@
 """Hand committed deliveries to the broker: at once while the workers keep up, coalesced while
-they do not.
-
-A task's cost is mostly fixed (Celery's publish, reserve and acknowledge; the claim and record
-transactions), so under load one message per small commit spends the fleet's CPU on overhead,
-and fuller messages are cheaper. But waiting to fill them costs latency that only pays off when
-the workers are behind. :class:`HandOff` publishes a commit's deliveries at once, and after each
-publish looks at the broker's backlog (messages no worker has taken: with one prefetched message
-per worker thread there are none while any thread is free); while there is one, commits wait
-together until ``interval`` after the last hand-off (Nagle's algorithm), and full batches of
-``batch_size`` never wait. Measured with bench/pipeline.py (Redis + PostgreSQL, 2 cores): at half
-the saturated rate, p50 25 → 9 ms and p99 38 → 20 ms against always coalescing for 30 ms, at the
-same saturated throughput. See docs/scaling.md.
-
-Nothing is lost by waiting in memory: every delivery was committed already marked
-``enqueued_at``, so if this process dies before the hand-off the relay re-sends it after
-``requeue_after_seconds`` (the same path as a crash between commit and publish). Publishing
-runs on the hand-off's own thread, so a request never waits for the broker, and a broker that
-is down costs the committing request nothing (the failure is logged; the relay re-sends).
+they do not (the measurement behind it: docs/architecture.md, "The outbox and the hand-off").
 """
 
 from __future__ import annotations

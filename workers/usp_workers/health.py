@@ -1,51 +1,8 @@
 """Endpoint health per subscription: failure streaks, auto-disable, the circuit breaker, 429
 back-pressure, and the notices operators read.
 
-The columns live on the subscription row (``consecutive_failures``, ``failing_since``,
-``last_success_at``, ``last_failure_at``, ``breaker_state``, ``breaker_until``,
-``breaker_opens``), so every worker process of the fleet sees the same state.
-
-**Why the row is not written on every delivery.** On PostgreSQL an ``UPDATE`` takes the row's
-lock until its transaction commits; a busy endpoint is one row that 32 worker threads per
-process would otherwise queue on, once per success, serialising the hot path behind one lock.
-So :func:`apply` writes a subscription's row
-
-* once per *batch* at most (a batch's tries to one subscription are tallied first, see
-  :class:`Tally`), and on a healthy subscription only
-* on a *transition* (a success after failures resets the streak and closes the breaker; every
-  failure streak is a transition by nature: failures are the rare path, and an endpoint that
-  fails everything soon has its breaker open and stops taking tries), or
-* to refresh ``last_success_at`` when the copy read at claim time is older than
-  ``health_write_interval_seconds`` (default 5 s): at most one write per few seconds per
-  subscription per worker, each guarded by the same condition in SQL, so a write that another
-  worker made redundant touches no row.
-
-The price is that the health columns are eventually consistent: ``last_success_at`` lags by up
-to the interval, and a success whose worker read the row just before another worker recorded a
-failure may skip its reset; the next success, a moment later, makes it.
-
-**Auto-disable** happens when the subscription has failed continuously for
-``auto_disable_after_seconds`` (since ``failing_since``, the first failure after the last
-success; default 5 days): at its next failed try, or, while its breaker keeps deliveries paused
-and so makes no tries, at the scheduler's next pass (:func:`disable_failing`). The clock is the
-time since the last success, whatever the breaker does. ``410 Gone`` disables at once. Either
-way one ``subscription.disabled`` notice is recorded (the conditional ``UPDATE … WHERE state =
-'active'`` lets exactly one worker win).
-
-**The circuit breaker** (``breaker_threshold`` consecutive failed tries) moves
-``closed → open``: deliveries claimed while it is open are *paused*, not tried: back to
-``pending`` with ``next_attempt_at = breaker_until``, ``attempt_count`` untouched. When
-``breaker_until`` passes, exactly one worker wins the probe (:func:`claim_probe`, a conditional
-``UPDATE``: ``open → half_open``) and sends one delivery; a success closes the breaker, a failure
-re-opens it with the cool-down doubled (``breaker_cooldown_seconds * 2^(opens-1)``, capped at
-``breaker_max_cooldown_seconds``). A probe whose worker died is taken over once its own deadline
-(``breaker_until`` while half-open) passes.
-
-**Back-pressure**: a 429 (or 503) with ``Retry-After`` schedules that delivery per the retry
-rules, and also pauses the subscription's *other* deliveries until then (capped at
-:data:`BACKPRESSURE_MAX`): ``breaker_until`` is set while the breaker stays ``closed``, and
-deliveries claimed before it passes are paused like an open breaker's. One write per 429, none
-otherwise.
+The columns live on the subscription row and are written per batch, on transitions only (why:
+docs/architecture.md, "Endpoint health").
 """
 
 from __future__ import annotations

@@ -1,37 +1,6 @@
-"""Prometheus metrics read from the database at scrape time.
-
-Why from the database and not from counters in the workers: the database is the delivery
-state's source of truth, shared by every process of the fleet. In-process counters would need a
-scrape target per worker (and Celery's threads pool, a multiprocess registry), would reset on
-every restart and could not show a queue depth or a dead letter at all. A scrape is a handful of
-aggregate queries in one short read-only transaction; scrape every 15 to 60 s.
-
-Series (all gauges but the histogram, since retention deletes rows and counts may fall):
-
-* ``usp_deliveries{status, event_type}``: deliveries by status (pending, in_flight, succeeded,
-  dead, superseded: dead and delivered again) and event type, over the retained history
-  (:mod:`usp_workers.retention`);
-* ``usp_queue_depth{state}``: ``due`` (pending, ``next_attempt_at`` passed: work for a
-  worker), ``held`` (due, but waiting behind an earlier delivery of its subject: more workers
-  would not send it sooner), ``scheduled`` (pending, later: retries and paused deliveries) and
-  ``in_flight``;
-* ``usp_oldest_due_delivery_age_seconds``: how late the most overdue due delivery is, held ones
-  left out (the
-  backlog alarm: a healthy fleet keeps it near the relay interval);
-* ``usp_oldest_pending_delivery_age_seconds``: the age of the oldest unfinished delivery;
-* ``usp_dead_letter_size``: dead deliveries, the same number as ``usp_deliveries{status="dead"}``
-  summed; it falls as soon as a replay, recover or redrive supersedes them;
-* ``usp_attempt_duration_seconds{outcome}``: a histogram of the attempts that *started in the
-  last* ``metrics_window_seconds`` (default 5 min) — a window, not a lifetime counter: it is
-  recomputed from the attempts table each scrape, so use its values directly (or
-  ``histogram_quantile`` on them), not ``rate()``;
-* ``usp_subscription_breaker_state{subscription_id, state}`` (1 for the current state of
-  closed / open / half_open), ``usp_subscription_consecutive_failures{subscription_id}``,
-  ``usp_subscription_active{subscription_id}``, ``usp_subjects_blocked{subscription_id}`` (the
-  subjects of an ordered subscription waiting behind a dead delivery: a poison event made
-  visible; 0 for every other subscription). Subscriptions are labelled by id only: a URL
-  may carry a secret in its query. Deleted subscriptions (rows kept for their history) are
-  left out, so the series stay bounded by the live and disabled subscriptions.
+"""Prometheus metrics read from the database at scrape time (why not counters:
+docs/architecture.md, "Retention, metrics, the heap"; the series: README, "Endpoint health,
+retention, metrics").
 """
 
 from __future__ import annotations

@@ -1,45 +1,7 @@
 """What an operator does when a platform says "we never got it": look, replay, recover, redrive.
 
-The functions behind the admin API and the ``usp-webhooks`` operator commands, free of FastAPI
-(the API layer only translates). Decisions they embody:
-
-* **Listing** is keyset-paginated on ids, newest first. Event and delivery ids are time-ordered
-  (UUIDv7 layout), so "after this id" is "older than this one", stable while new rows arrive;
-  cursors are opaque (:func:`encode_cursor`) so the ordering can change without breaking clients.
-  Time ranges (``since`` inclusive, ``until`` exclusive) are on the event's ``created_at``: when
-  the business handed the event over.
-* **Replay** keeps history: it never touches earlier deliveries or attempts, it adds a new
-  ``pending`` delivery row per target with the *same* event (so the same ``event_id``, signed
-  afresh at send time). Targets are active subscriptions whose patterns match the event type and
-  that the event's audience reaches (:func:`usp_workers.outbox.reaches`); the subscription need
-  not have had a delivery of it before, which is how a subscription created after the event is
-  back-filled. New rows are handed to the broker after the commit, exactly like ``emit``'s.
-* **Recover** (one subscription, a time range) and **redrive** (the dead letter, filtered) are
-  :class:`~usp_workers.models.Job` rows worked through in batches by the ``usp.run_job`` Celery
-  task (:mod:`usp_workers.tasks`), so they outlive the API request and process, and have no cap:
-  a job streams through any number of rows, :data:`JOB_BATCH` at a time, each batch one
-  transaction that also advances the job's cursor, so a job that is run again (a redelivered
-  task, ``resume``) continues where the last committed batch ended and never redelivers a row
-  twice. A job only considers deliveries that existed when it started (``max_delivery_id``): the
-  rows it creates itself, should they fail again, are not swept up by the same job. A job whose
-  worker died comes back when the scheduler finds it made no progress for
-  ``job_stale_after_seconds`` (:func:`reclaim_stale_jobs`: the embedded broker never hands an
-  unacknowledged message out again, Redis only after its hour-long visibility timeout), or when
-  an operator resumes it (:func:`resume_job`, ``POST /admin/jobs/{id}/resume``), which also
-  restarts a job that failed.
-* What recover re-delivers, per event, looks at the subscription's *latest* delivery of it only
-  (a later successful replay settles the event):
-
-  - ``dead`` (schedule exhausted, or the subscription was disabled): a new delivery row;
-  - ``pending`` with at least one failed try (waiting out its back-off): brought forward, due
-    now. Not a new row: the delivery is still alive, and a second one would send twice;
-  - ``in_flight`` or ``succeeded``: left alone.
-
-  Redrive takes the ``dead`` ones only, of active subscriptions only (a disabled subscription's
-  new delivery would go dead at once, unsent).
-* **Health** is read, not computed here: ``consecutive_failures``, ``last_success_at``,
-  ``breaker_state`` and friends are maintained by the delivery engine; the success rate is over
-  the attempts of the last :data:`HEALTH_WINDOW`.
+The functions behind the admin API, the console and the operator commands, free of FastAPI.
+What replay, recover and redrive do and do not touch: docs/architecture.md, "Operator verbs".
 """
 
 from __future__ import annotations

@@ -1,36 +1,9 @@
 """An ``httpx`` transport with one small HTTP/1.1 connection pool per pinned origin.
 
-Deliveries go to pinned addresses (:func:`usp_workers.ssrf.send_pinned`): the URL carries the
-checked IP, the ``Host`` header and, for https, the ``sni_hostname`` extension carry the name. This
-transport keys its pools by **(scheme, pinned IP, port, and for https the SNI name)**, which buys
-two things over ``httpx``'s own pool (keyed by ``scheme://ip:port`` only):
-
-* **keep-alive is safe for https.** A connection whose certificate was verified for one name is
-  only ever reused for that name, never for another name a CDN serves on the same address, so
-  https deliveries need no ``Connection: close`` and no TLS handshake per delivery.
-* **it is cheap.** Profiling a worker showed most of a delivery's CPU in httpcore's pool
-  bookkeeping: every request and every response close runs ``_assign_requests_to_connections``,
-  which scans the whole pool and asks each connection ``has_expired()`` (a ``poll`` syscall and
-  anyio's per-call attribute dict): ~0.95 ms of CPU per request against a local receiver, and
-  httpx's client layer (URL parsing, header models, cookies, auth and redirect hooks) ~0.17 ms
-  more. Here a request takes an idle connection from its origin's deque (O(1)), is written as
-  bytes on an asyncio transport, and its answer parsed by ``httptools`` (llhttp, uvicorn's parser)
-  in the protocol's callbacks. ``bench/pool.py``, client CPU per delivery-sized POST: this path
-  25-28 µs; ``httpx.AsyncClient`` on this pool 185 µs; ``httpx.AsyncClient`` with its own pool
-  575 µs; this pool with ``h11`` on asyncio streams (before 2026-12) 105 µs.
-  :meth:`OriginTransport.request` (what :func:`usp_workers.ssrf.send_pinned` calls for a
-  :class:`PinnedClient`) skips httpx's models altogether; :meth:`OriginTransport.handle_async_request`
-  serves any other use of the client through httpx as usual.
-
-What it does not do, on purpose: HTTP/2, proxies, cookies, redirects, retries of requests that a
-server may have seen. The one retry is a request written to a *reused* connection that the server
-had already closed (no byte of an answer came back): the keep-alive race every HTTP/1.1 client
-has, when a server times out an idle connection just as it is reused.
-
-Concurrency per origin is bounded by the caller (the delivery engine's per-endpoint slots,
-:func:`usp_workers.transport.endpoint_slot`), not here; this pool bounds what it *keeps*: at most
-``max_idle_per_origin`` idle connections per origin, each for ``keepalive_expiry`` seconds, and at
-most ``max_origins`` origins (least recently used evicted and closed).
+Pools are keyed by (scheme, pinned IP, port, SNI name), so https keeps alive safely. Hand-written
+for speed, measured with ``bench/pool.py`` (client CPU per delivery-sized POST): 25-28 µs here,
+185 µs through ``httpx.AsyncClient`` on this pool, 575 µs with httpx's own pool. Details and what
+it leaves out on purpose: docs/architecture.md, "Outbound requests".
 """
 
 from __future__ import annotations

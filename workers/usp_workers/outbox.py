@@ -1,20 +1,8 @@
 """The transactional outbox: an event and its deliveries are written in the caller's transaction.
 
-``emit(session, event, audience=...)`` adds the event and one delivery per active subscription
-whose patterns match it and whom its audience :func:`reaches` to the caller's transaction (the
-event as an ORM row, the deliveries in one INSERT after the session's next flush; the
-subscriptions are read once per transaction, so a transaction of thousands of events costs a few
-statements, not thousands of round trips). Nothing leaves the process until that transaction
-commits; if it rolls back, nothing was ever sent. After the commit the
-deliveries are handed to the broker at once (low latency; the API's enqueuer coalesces commits
-under load, see :mod:`usp_workers.handoff`), and because each delivery is written
-already marked ``enqueued_at = now``, a crash between commit and hand-off loses nothing: the
-relay re-sends any due delivery still pending ``requeue_after_seconds`` after it was marked (see
-:mod:`usp_workers.relay`).
-
-The audience is a privacy boundary, not a filter of convenience: a booking's events carry the
-buyer's name, e-mail and phone, so they go to the platform that made the booking and to the
-business, never to the other platforms that happen to subscribe to ``booking.*``.
+``emit(session, event, audience=...)`` adds them; nothing leaves the process until the caller
+commits, and a crash after the commit loses nothing (docs/architecture.md, "The outbox and the
+hand-off"). The audience is a privacy boundary: see :func:`reaches`.
 """
 
 from __future__ import annotations

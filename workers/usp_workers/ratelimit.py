@@ -1,26 +1,6 @@
-"""A per-subscription rate limit enforced across the whole fleet: deliveries *start* at the
-configured rate, evenly spaced, however many workers run.
-
-The limit is a token bucket kept in the database as one row per subscription
-(``usp_rate_buckets``), in its GCRA form: the row holds the bucket's *theoretical arrival time*
-(``tat``), and a start at ``now`` is allowed from ``tat - (burst - 1) / rate`` on, moving ``tat``
-on by ``1 / rate``. A delivery *reserves* its start (:func:`reserve`) right before its request
-and, when the start is at most ``max_wait`` away, waits for it in the worker instead of going
-back to the database's schedule: a backlog then flows at the rate, one start every ``1 / rate``
-seconds, rather than in bursts at each scheduler pass (the one-second start slots this replaced
-delivered 5/s as bursts of 5 every ~2 s, ~2.5/s). A start further away is refused with its
-moment, and the delivery is deferred until then, no attempt spent.
-
-The burst (:func:`burst_of`) is small: a tenth of a second's worth, at least one. So a receiver
-sees at most ``rate + burst - 1`` starts in any second (plus network jitter), and the rate
-itself whenever a backlog waits.
-
-Why the database rather than a Redis script: it is the one store every deployment has (the
-embedded default has no Redis, and a RabbitMQ broker is not a store), so one code path is
-enforced, and tested, everywhere; and its cost (one short transaction per start, the row locked
-``FOR UPDATE`` on PostgreSQL, the write lock on SQLite) is paid only by rate-limited
-subscriptions, which by definition send few deliveries. Unlimited subscriptions never touch it.
-Reservations use the workers' clocks: keep them in NTP sync.
+"""A per-subscription rate limit enforced across the whole fleet: a GCRA bucket per subscription
+in the database, so deliveries *start* at the configured rate, evenly spaced, however many
+workers run (docs/architecture.md, "Rate limits").
 """
 
 from __future__ import annotations

@@ -1,31 +1,8 @@
 """The scheduler: one loop that turns the database's schedule into broker messages.
 
-The schedule lives in the database (``next_attempt_at``), not in Celery ETA messages: an ETA
-message sits in a worker's memory for hours, is lost with it, and cannot be inspected, moved or
-cancelled. Instead, every ``relay_interval_seconds`` :func:`relay_once`:
-
-1. **reclaims expired leases**: an ``in_flight`` delivery whose ``lease_until`` has passed lost
-   its worker (killed, out of memory, partitioned), so it becomes ``pending`` again, due at once.
-   ``attempt_count`` is left alone: the attempt never finished, so it is not counted.
-2. **enqueues due deliveries**: ``pending``, ``next_attempt_at`` passed, and either never handed
-   to the broker (``enqueued_at`` null: a retry, a reclaimed lease) or handed over more than
-   ``requeue_after_seconds`` ago and still pending (the message was lost: a crash between commit
-   and hand-off, a flushed Redis, a dead worker's prefetched message). They are *marked* first,
-   with one conditional ``UPDATE … RETURNING`` (``FOR UPDATE SKIP LOCKED`` on PostgreSQL), so
-   two relays running at once each send a disjoint set; then sent in batches. Deliveries of a
-   *paused* subscription (``breaker_until`` ahead: an open breaker, a half-open probe in flight,
-   429 back-pressure) are left for later: a worker would only claim them to defer them again.
-3. **re-sends stalled jobs**: a running recover or redrive job that made no progress for
-   ``job_stale_after_seconds`` lost its worker; it goes to the workers again and continues after
-   its last committed batch (:func:`usp_workers.operations.reclaim_stale_jobs`).
-4. **prunes the embedded broker**, whose consumed messages are never deleted by kombu.
-
-:func:`run_relay` also runs **retention** (:mod:`usp_workers.retention`): old events and
-attempts are deleted in small batches, at start and then every few minutes, in the same loop,
-so retention needs no extra process and never runs twice at once in one scheduler.
-
-Running two relays is safe (step 2), and running none only delays: emit hands fresh deliveries
-to the broker itself, the relay catches up everything else when it comes back.
+Each pass reclaims expired leases, enqueues due deliveries, re-sends stalled jobs, prunes the
+embedded broker and runs retention (why the schedule is in the database: docs/architecture.md,
+"Celery carries wake-ups").
 """
 
 from __future__ import annotations

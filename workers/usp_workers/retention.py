@@ -1,30 +1,6 @@
-"""Retention: events (payloads, with their deliveries) and attempts older than
-``retention_days`` are deleted, in small batches, by the scheduler.
-
-Why batches: one ``DELETE`` of a month of attempts would hold its row locks, and on SQLite the
-whole database's write lock, for as long as it runs, and stall every worker's ``record``. Each
-batch here is its own short transaction of at most :data:`BATCH` rows per table, and a pass
-stops after :data:`MAX_BATCHES_PER_PASS` batches (the scheduler then relays due deliveries
-again, and the next pass carries on where this one stopped).
-
-What goes, in order:
-
-1. **attempts** whose ``started_at`` is older than the cutoff (whatever their delivery: the
-   history of a delivery still being retried keeps only its recent tries; its
-   ``attempt_count`` is unaffected);
-2. **events** whose ``created_at`` is older than the cutoff and that have *no* ``pending`` or
-   ``in_flight`` delivery, together with their deliveries (succeeded or dead: the dead letter
-   is kept as long as the event) and those deliveries' remaining attempts. The check and the
-   delete run in one transaction; on PostgreSQL the events are locked ``FOR UPDATE SKIP
-   LOCKED`` first, so a replay inserting a delivery for one of them at that moment either waits
-   for the delete (and then fails cleanly: the event is gone) or makes the event skipped; then
-   their deliveries are locked (``SKIP LOCKED``) and checked again, so a dead delivery
-   redriven meanwhile keeps its event, and one a recover or redrive batch holds right now keeps
-   it too (waiting for that batch would deadlock with its insert of the new delivery).
-3. **notices** older than the cutoff.
-
-An event that still has work in flight is never pruned, however old: a retry schedule or a
-paused (breaker, rate limit) delivery finishes first.
+"""Retention: events (with their deliveries), attempts and notices older than ``retention_days``,
+deleted in small batches by the scheduler; an event with work in flight is never pruned
+(docs/architecture.md, "Retention, metrics, the heap").
 """
 
 from __future__ import annotations

@@ -1,33 +1,6 @@
-"""Server-side request forgery guard for webhook targets.
-
-A webhook URL is chosen by a platform, not by us, so every delivery is a request we make on a
-stranger's behalf from inside our network. Without a guard, ``http://169.254.169.254/`` (cloud
-metadata), ``http://127.0.0.1:6379/`` (our own Redis) or a name that *resolves* to either turns the
-delivery engine into a proxy into the private network.
-
-The rules (SPEC-NOTES / pipeline issue):
-
-* only ``http`` and ``https``; no credentials in the URL; a host and a port in 1..65535;
-* the host is resolved and **every** address must be global unicast: loopback, private,
-  link-local (incl. metadata), CGNAT, ULA, multicast, broadcast, unspecified, reserved,
-  documentation and every IPv6 form that embeds such an IPv4 address (IPv4-mapped,
-  IPv4-compatible, NAT64, 6to4, Teredo) are refused. One bad address among good ones refuses the
-  name: mixing them is exactly how DNS rebinding hides;
-* the check runs at registration *and again at delivery*, and the delivery connects to the address
-  that was checked (:func:`send_pinned`), so a name cannot be re-pointed between check and connect;
-* redirects are never followed (a redirect would be an unchecked second target);
-* ``USP_ALLOW_PRIVATE_TARGETS`` or ``USP_PRIVATE_TARGET_ALLOWLIST`` (CIDRs) open loopback and
-  private ranges for development and tests; cloud metadata and link-local targets
-  (169.254.0.0/16, fe80::/10, ``fd00:ec2::254``, 168.63.129.16, 100.100.100.200,
-  ``metadata.google.internal`` …, in every embedded IPv6 form) stay refused whatever is set.
-
-Numeric host spellings that browsers and ``inet_aton`` accept (``2130706433``, ``0x7f.1``,
-``017700000001``, ``127.1``) are read as the IPv4 address they denote (WHATWG URL rules) and
-checked as such, so they can never slip through as "hostnames" that the system resolver then turns
-into ``127.0.0.1``.
-
-This module has no FastAPI or Celery imports: the API (registration) and the workers (delivery)
-both use it.
+"""Server-side request forgery guard for webhook targets: which URLs may be delivered to, checked at
+registration and again at delivery, and :func:`send_pinned`, which connects to the address that
+was checked (the rules: docs/architecture.md, "Outbound requests").
 """
 
 from __future__ import annotations

@@ -1,28 +1,7 @@
 """The delivery engine's database work: claim a batch, load what it needs, record what happened.
 
-Two short transactions per batch, none held open across the network, each one statement on
-PostgreSQL (a round trip and a statement built per step were most of a small batch's cost):
-
-1. **claim and load** (:func:`claim_and_load`) — due ``pending`` deliveries (and ``in_flight``
-   ones whose lease has expired: their worker vanished) become ``in_flight`` with a lease, and
-   are read back with what a try needs of their events and subscriptions (plain rows,
-   :class:`LoadedEvent` and :class:`LoadedSubscription`, not ORM objects). On PostgreSQL the
-   batch's rows are locked by primary key ``FOR UPDATE SKIP LOCKED`` and the due ones updated,
-   in one statement (:class:`_Statements` says why in that shape), so concurrent claims never
-   wait on (or deadlock with) each other. On SQLite, which serialises writers, one conditional
-   ``UPDATE … RETURNING`` claims (only one of two workers handed the same id can match the
-   row), and one join reads.
-2. **record** (:func:`record`) — every try's :class:`~usp_workers.models.Attempt` row, and every
-   delivery's new state, in one transaction. The state update is fenced: it applies only while
-   the row is still ``in_flight`` under *our* lease. A worker that overran its lease (and whose
-   delivery another worker has since claimed) still records its attempt, but cannot overwrite
-   the newer state. The same transaction writes the subscriptions' health
-   (:func:`usp_workers.health.apply`), which the caller has already cut down to the rows that
-   must change: transitions, and at most one refresh per subscription every few seconds, never
-   a write per success.
-
-The lease is the fencing token, so a claim's lease must differ from the one it replaces; it
-does whenever the clock moves between the two claims (any real clock does).
+Two short transactions per batch, each one statement on PostgreSQL, the record fenced by the
+lease (docs/architecture.md, "The delivery engine").
 """
 
 from __future__ import annotations
