@@ -43,8 +43,8 @@ from rich.table import Table
 from bench.api_process import ApiProcess, api_server, cpu_seconds
 from bench.pipeline import database, empty_broker
 from usp_schemas import BOOKING_CONFIRMED_EXAMPLE, new_event_id
-from usp_workers import db
-from usp_workers.models import Subscription
+from usp_workers.storage import db
+from usp_workers.storage.models import Subscription
 
 DEFAULT_POSTGRES = os.environ.get(
     "USP_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test"

@@ -54,7 +54,7 @@ from rich.table import Table
 
 from bench.api_process import api_server as run_api
 from usp_dispatcher import access, domain
-from usp_workers import db
+from usp_workers.storage import db
 
 DEFAULT_POSTGRES = os.environ.get(
     "USP_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test"

@@ -9,9 +9,9 @@ Everything runs on this machine, talking to 127.0.0.1 only, with real processes 
   verification, so that the rows measure the pipeline rather than the receiver (it shares the
   CPU); the *verifying* receiver runs ``usp_receiver``'s own ``WebhookApp`` (digest, signature,
   policy, dedupe) on every delivery, against the JWKS the database publishes;
-* **workers**: ``celery -A usp_workers.celery_app worker`` subprocesses (threads pool) configured
+* **workers**: ``celery -A usp_workers.runtime.celery_app worker`` subprocesses (threads pool) configured
   only by ``USP_*`` variables, and the **relay** (``run_relay``) in a subprocess;
-* the **emitter** is this process: ``usp_workers.outbox.emit`` with the enqueuer installed, as
+* the **emitter** is this process: ``usp_workers.engine.outbox.emit`` with the enqueuer installed, as
   the API does. Its CPU is part of the measurement.
 
 Per configuration it measures:
@@ -70,16 +70,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # for bench.api_pr
 from bench.api_process import cpu_seconds, group_cpu_seconds, or_zero
 from usp_receiver import SigningKey, sign_request
 from usp_schemas import BOOKING_CONFIRMED_EXAMPLE, new_event_id
-from usp_workers import outbox, store, tasks, tracing
-from usp_workers.celery_app import QUEUE, make_celery
-from usp_workers.db import make_engine, session, upgrade
-from usp_workers.heap import freeze_startup_heap
-from usp_workers.keycache import current_signing_keys
-from usp_workers.keys import ensure_signing_key, published_jwks
-from usp_workers.models import Attempt, Delivery, DeliveryStatus, Ordering, Subscription, utcnow
-from usp_workers.payloads import build_delivery_request
+from usp_workers.engine import outbox, store, tracing
+from usp_workers.engine.keycache import current_signing_keys
+from usp_workers.engine.keys import ensure_signing_key, published_jwks
+from usp_workers.engine.payloads import build_delivery_request
+from usp_workers.runtime import tasks
+from usp_workers.runtime.celery_app import QUEUE, make_celery
+from usp_workers.runtime.heap import freeze_startup_heap
+from usp_workers.runtime.worker import worker_argv
 from usp_workers.settings import Settings
-from usp_workers.worker import worker_argv
+from usp_workers.storage.db import make_engine, session, upgrade
+from usp_workers.storage.models import Attempt, Delivery, DeliveryStatus, Ordering, Subscription, utcnow
 
 BENCH_DIR = Path(__file__).resolve().parent
 DEFAULT_REDIS = "redis://127.0.0.1:6379/12"
@@ -684,12 +685,12 @@ def run_config(config: Config, args: argparse.Namespace, folder: Path) -> Result
                 relay = [
                     sys.executable,
                     "-c",
-                    "from usp_workers.relay import run_relay; "
+                    "from usp_workers.runtime.relay import run_relay; "
                     "from usp_workers.settings import Settings; run_relay(Settings())",
                 ]
                 stack.start("relay", relay, env, folder).wait_for("scheduler started")
             # This process commits and hands off the events, as the API does, so it freezes
-            # its start-up heap as the API's lifespan does once started (usp_workers.heap).
+            # its start-up heap as the API's lifespan does once started (usp_workers.runtime.heap).
             freeze_startup_heap()
             measure(result, engine, receiver, stack, args)
         finally:
@@ -715,7 +716,7 @@ def start_workers(
                     f"--hostname=naive-{number}@%h"]  # fmt: skip
             worker_env = env | {"PYTHONPATH": os.pathsep.join([str(BENCH_DIR), env.get("PYTHONPATH", "")])}
         else:
-            argv = [sys.executable, "-m", "celery", "-A", "usp_workers.celery_app"]
+            argv = [sys.executable, "-m", "celery", "-A", "usp_workers.runtime.celery_app"]
             argv += [a for a in worker_argv(concurrency=args.concurrency) if not a.startswith("--hostname")]
             argv.append(f"--hostname=bench-{number}@%h")
             worker_env = env

@@ -53,8 +53,8 @@ from bench.pipeline import DEFAULT_POSTGRES, DEFAULT_REDIS, Receiver, Stack, dat
 from usp_dispatcher import access
 from usp_dispatcher import database as dispatcher_database
 from usp_schemas import BOOKING_CONFIRMED_EXAMPLE, new_event_id
-from usp_workers.db import make_engine, session
-from usp_workers.models import Subscription
+from usp_workers.storage.db import make_engine, session
+from usp_workers.storage.models import Subscription
 
 IDLE_SECONDS = 300.0  #: USP_MCP_SESSION_IDLE_SECONDS's default
 

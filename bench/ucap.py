@@ -62,7 +62,7 @@ from usp_dispatcher import database as dispatcher_database
 from usp_dispatcher.access.signatures import web_bot_auth_headers
 from usp_dispatcher.ucap.catalog import SearchIn, search_catalog
 from usp_receiver import SigningKey
-from usp_workers import db
+from usp_workers.storage import db
 
 _WORDS = 20_000
 DEFAULT_POSTGRES = os.environ.get(

@@ -30,7 +30,7 @@ def anyio_backend() -> str:
 def amqp_url() -> str:
     """URL of a live RabbitMQ (``USP_TEST_AMQP_URL``) for the pipeline tests on that broker."""
     url = os.environ.get(AMQP_URL_ENV, DEFAULT_AMQP_URL)
-    from usp_workers.celery_app import make_celery
+    from usp_workers.runtime.celery_app import make_celery
     from usp_workers.settings import Settings
 
     try:
@@ -95,7 +95,7 @@ def _no_outage_carried_over() -> None:
     silence the next test's first warning. Only reset what is loaded (receiver tests load none)."""
     import sys
 
-    outage = sys.modules.get("usp_workers.outage")
+    outage = sys.modules.get("usp_workers.engine.outage")
     if outage is not None:
         outage.BROKER_OUTAGE.reset()
         outage.DATABASE_OUTAGE.reset()

@@ -18,10 +18,12 @@ from fastapi import FastAPI
 from opentelemetry.instrumentation.fastapi import FastAPIInstrumentor
 from sqlalchemy.engine import Engine
 
-from usp_workers import db, keys, tasks, tracing
-from usp_workers.heap import freeze_startup_heap
-from usp_workers.logs import configure_logging
+from usp_workers.engine import keys, tracing
+from usp_workers.runtime import tasks
+from usp_workers.runtime.heap import freeze_startup_heap
+from usp_workers.runtime.logs import configure_logging
 from usp_workers.settings import Settings
+from usp_workers.storage import db
 
 from . import console, database
 from .domain import ensure_demo_catalog
@@ -71,7 +73,7 @@ def create_app(
             # Committed events reach the broker at once, not at the scheduler's next pass.
             tasks.install_enqueuer(resolved)
             async with mcp_endpoint.serve(active):  # MCP at /mcp, and its live webhooks
-                # Started up: full collections skip what start-up made (usp_workers.heap), so
+                # Started up: full collections skip what start-up made (usp_workers.runtime.heap), so
                 # they no longer stall requests and the hand-off for up to ~0.2 s each.
                 freeze_startup_heap()
                 yield

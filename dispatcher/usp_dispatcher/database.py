@@ -13,7 +13,7 @@ from pathlib import Path
 
 from sqlalchemy.engine import Engine
 
-from usp_workers import db
+from usp_workers.storage import db
 
 from .ucap import tables as _content_tables  # noqa: F401  (the ucap_* tables join the domain's metadata)
 

@@ -13,9 +13,9 @@ from fastapi import Depends, Request
 from sqlalchemy.engine import Engine
 from sqlmodel import Session
 
-from usp_workers import db
+from usp_workers.engine.ssrf import Resolver
 from usp_workers.settings import Settings
-from usp_workers.ssrf import Resolver
+from usp_workers.storage import db
 
 __all__ = [
     "ResolverDep",

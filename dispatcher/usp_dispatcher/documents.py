@@ -3,7 +3,7 @@ guard approved.
 
 One way for every document the service reads from a URL someone else gave it, because each
 rule matters for each of them: the GET goes to the checked address only
-(:func:`usp_workers.ssrf.send_pinned`: the IP in the URL, the name in ``Host`` and SNI, no
+(:func:`usp_workers.engine.ssrf.send_pinned`: the IP in the URL, the name in ``Host`` and SNI, no
 redirects followed, no proxies), within one timeout in all, reading at most ``max_bytes`` (a
 larger document is refused, never parsed cut short), and asking for ``identity`` encoding (a
 capped read of a compressed body would mean nothing, so a compressed answer is refused too).
@@ -17,8 +17,8 @@ from typing import Literal
 import anyio
 import httpx
 
+from usp_workers.engine.ssrf import ResolvedTarget, new_client, send_pinned
 from usp_workers.settings import Settings
-from usp_workers.ssrf import ResolvedTarget, new_client, send_pinned
 
 __all__ = ["DocumentUnavailable", "Failure", "fetch_document"]
 

@@ -3,7 +3,7 @@
 These are the service functions behind ``/services/feed/subscriptions`` and the platform-profile
 registration; the MCP tools call the same ones. Two checks guard every subscription:
 
-* its URL passes the SSRF policy (:func:`usp_workers.ssrf.check_target`) *now*, so a platform
+* its URL passes the SSRF policy (:func:`usp_workers.engine.ssrf.check_target`) *now*, so a platform
   learns at once that ``http://10.0.0.5/`` will never be delivered to (the workers check again at
   every delivery, since DNS can change);
 * every event-type pattern names at least one real event type, so a typo such as ``bookings.*``
@@ -34,11 +34,11 @@ import sqlalchemy as sa
 from sqlmodel import Session, col, select
 
 from usp_schemas import EVENT_TYPES
-from usp_workers import db
-from usp_workers.models import OnDead, Ordering, Subscription, SubscriptionState, Transport, utcnow
+from usp_workers.engine.ssrf import ResolvedTarget, Resolver, TargetRefused, check_target
 from usp_workers.operations import DELETED
 from usp_workers.settings import Settings
-from usp_workers.ssrf import ResolvedTarget, Resolver, TargetRefused, check_target
+from usp_workers.storage import db
+from usp_workers.storage.models import OnDead, Ordering, Subscription, SubscriptionState, Transport, utcnow
 
 from .errors import NotFound, Refused
 
@@ -254,7 +254,7 @@ def list_subscriptions(
 
 def count_active_subscriptions(session: Session, platform_profile: str) -> int:
     """How many active subscriptions ``platform_profile`` holds, counted under
-    :func:`usp_workers.db.lock_for_count` (until the session's transaction ends), so two creates
+    :func:`usp_workers.storage.db.lock_for_count` (until the session's transaction ends), so two creates
     at once cannot both take the last place."""
     db.lock_for_count(session, _LIMIT_LOCK + platform_profile, Subscription)
     statement = (

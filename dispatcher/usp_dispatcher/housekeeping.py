@@ -8,7 +8,7 @@ Every ``relay_interval_seconds``:
 * idempotency keys older than :data:`IDEMPOTENCY_RETENTION` are forgotten (a retry comes within
   minutes; the table must not grow forever).
 
-It lives in the dispatcher, not in ``usp_workers.relay``: the delivery engine knows nothing of
+It lives in the dispatcher, not in ``usp_workers.runtime.relay``: the delivery engine knows nothing of
 bookings. Both steps are safe with several schedulers running (each offer expires once).
 """
 
@@ -24,9 +24,9 @@ from datetime import datetime, timedelta
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
-from usp_workers import db
-from usp_workers.models import utcnow
 from usp_workers.settings import Settings
+from usp_workers.storage import db
+from usp_workers.storage.models import utcnow
 
 from .domain import expire_offers, forget_idempotency_keys
 

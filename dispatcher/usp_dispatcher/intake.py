@@ -24,9 +24,9 @@ from sqlalchemy.engine import Engine
 from sqlmodel import Session, col, func, select
 
 from usp_schemas import EventValidationError, WebhookEvent, parse_event
-from usp_workers import db
-from usp_workers.models import Delivery, EventRecord
-from usp_workers.outbox import emit, unflushed_deliveries
+from usp_workers.engine.outbox import emit, unflushed_deliveries
+from usp_workers.storage import db
+from usp_workers.storage.models import Delivery, EventRecord
 
 from .errors import Conflict
 

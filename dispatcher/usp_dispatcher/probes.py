@@ -1,4 +1,4 @@
-"""Running the endpoint verification battery (:mod:`usp_workers.probe`) for the admin API and
+"""Running the endpoint verification battery (:mod:`usp_workers.operations.probe`) for the admin API and
 the platform portal: the target checked like a subscription's, one run per target every
 :data:`INTERVAL_SECONDS` (per API process), the run recorded."""
 
@@ -11,12 +11,12 @@ from typing import Any, Final
 from fastapi.concurrency import run_in_threadpool
 from sqlmodel import Session
 
-from usp_workers import probe
-from usp_workers.keycache import current_signing_keys
-from usp_workers.models import ProbeRun, Transport
+from usp_workers.engine.keycache import current_signing_keys
+from usp_workers.engine.ssrf import Resolver
+from usp_workers.engine.transport import make_client
+from usp_workers.operations import probe
 from usp_workers.settings import Settings
-from usp_workers.ssrf import Resolver
-from usp_workers.transport import make_client
+from usp_workers.storage.models import ProbeRun, Transport
 
 from .feed import check_url
 from .problems import HTTPProblem
@@ -65,7 +65,7 @@ async def run(
 
 
 def cases_of(recorded: ProbeRun) -> tuple[list[dict[str, Any]], str]:
-    """A recorded run's cases (as :func:`usp_workers.probe.as_json` wrote them) and its verdict."""
+    """A recorded run's cases (as :func:`usp_workers.operations.probe.as_json` wrote them) and its verdict."""
     cases: list[dict[str, Any]] = json.loads(recorded.results)
     return cases, probe.verdict([(c["case"], c["finding"]) for c in cases if not c["ok"]])
 

@@ -21,7 +21,7 @@ from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from usp_receiver import problem_outcome
-from usp_workers.outage import Outage, database_unavailable
+from usp_workers.engine.outage import Outage, database_unavailable
 
 from .errors import Conflict, DispatcherError, NotFound, Refused
 
@@ -137,7 +137,7 @@ async def _on_http_exception(_request: Request, exc: StarletteHTTPException) -> 
 
 class CatchAllProblems:
     """ASGI middleware: an unreachable database becomes a 503 problem with ``Retry-After`` (logged
-    once per outage, see :class:`usp_workers.outage.Outage`); any other unhandled exception a bare 500
+    once per outage, see :class:`usp_workers.engine.outage.Outage`); any other unhandled exception a bare 500
     problem, the log getting the rest."""
 
     def __init__(self, app: ASGIApp) -> None:

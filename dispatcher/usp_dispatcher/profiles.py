@@ -18,9 +18,9 @@ from typing import Any, Final
 
 from sqlmodel import Session
 
-from usp_workers.models import Subscription, Transport
+from usp_workers.engine.ssrf import ResolvedTarget, Resolver
 from usp_workers.settings import Settings
-from usp_workers.ssrf import ResolvedTarget, Resolver
+from usp_workers.storage.models import Subscription, Transport
 
 from .documents import DocumentUnavailable, fetch_document
 from .errors import Refused

@@ -40,9 +40,10 @@ import httpx
 from kombu.utils.url import maybe_sanitize_url
 from rich.console import Console
 
-from usp_workers import db, keys
-from usp_workers.celery_app import make_celery, prepare_broker
+from usp_workers.engine import keys
+from usp_workers.runtime.celery_app import make_celery, prepare_broker
 from usp_workers.settings import Settings
+from usp_workers.storage import db
 
 from . import database
 

@@ -22,8 +22,8 @@ from sqlalchemy.engine import Engine
 
 from tests.servers import running
 from usp_dispatcher.app import create_app
-from usp_workers import db
 from usp_workers.settings import Settings
+from usp_workers.storage import db
 
 ADMIN_TOKEN = "test-admin-token-7c1f0e"
 ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}

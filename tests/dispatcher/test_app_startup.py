@@ -1,4 +1,4 @@
-"""The API freezes its start-up heap once it has started (see ``usp_workers.heap``): the process
+"""The API freezes its start-up heap once it has started (see ``usp_workers.runtime.heap``): the process
 that hands committed deliveries to the broker is the one whose full collections would stall it."""
 
 from __future__ import annotations

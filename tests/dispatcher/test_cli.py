@@ -36,7 +36,7 @@ def test_migrate_names_the_revisions_it_applied(database_url: str, engine: Engin
     from alembic.config import Config
     from alembic.script import ScriptDirectory
 
-    from usp_workers import db
+    from usp_workers.storage import db
 
     config = Config()
     config.set_main_option("script_location", str(db.MIGRATIONS))

@@ -12,8 +12,8 @@ from fastapi import FastAPI
 from fastapi.responses import RedirectResponse, Response
 
 from usp_dispatcher.documents import DocumentUnavailable, fetch_document
+from usp_workers.engine.ssrf import check_target
 from usp_workers.settings import Settings
-from usp_workers.ssrf import check_target
 
 from .conftest import Serve
 

@@ -14,8 +14,8 @@ from sqlmodel import col, func, select
 from usp_dispatcher import intake
 from usp_dispatcher.intake import Outcome, Status, accept_events
 from usp_dispatcher.routes.events import MAX_BATCH_EVENTS, MAX_EVENT_BYTES
-from usp_workers import db
-from usp_workers.models import Delivery, EventRecord
+from usp_workers.storage import db
+from usp_workers.storage.models import Delivery, EventRecord
 
 from ..schemas.samples import booking
 from .conftest import ADMIN

@@ -17,8 +17,8 @@ from usp_dispatcher.domain import cancel_booking, create_booking, get_waitlist_e
 from usp_dispatcher.domain.tables import IdempotencyRecord
 from usp_dispatcher.housekeeping import IDEMPOTENCY_RETENTION, housekeeping_once, housekeeping_thread
 from usp_schemas import TimeWindow, WaitlistEntry
-from usp_workers import db
-from usp_workers.models import utcnow
+from usp_workers.storage import db
+from usp_workers.storage.models import utcnow
 
 from .conftest import MakeSettings
 from .domain.support import ALICE, BOB, Catalog, build_catalog, count, event_types, ok, run, slot_counts
@@ -86,7 +86,7 @@ def test_thread_runs_until_the_block_ends(catalog: Catalog, make_settings: MakeS
 def test_scheduler_command_runs_housekeeping_beside_the_relay(
     catalog: Catalog, make_settings: MakeSettings, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import usp_workers.relay
+    import usp_workers.runtime.relay
 
     seen: list[Any] = []
 
@@ -94,7 +94,7 @@ def test_scheduler_command_runs_housekeeping_beside_the_relay(
         seen.append(settings)
         seen.extend(t.name for t in threading.enumerate())
 
-    monkeypatch.setattr(usp_workers.relay, "run_relay", fake_relay)
+    monkeypatch.setattr(usp_workers.runtime.relay, "run_relay", fake_relay)
     settings = make_settings()
     env = {"USP_DATABASE_URL": settings.database_url, "USP_BROKER_URL": settings.broker_url_resolved}
     result = CliRunner().invoke(cli.app, ["scheduler"], env=env)

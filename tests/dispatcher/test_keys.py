@@ -16,8 +16,9 @@ from typer.testing import CliRunner, Result
 from usp_dispatcher.app import create_app
 from usp_dispatcher.cli import app as cli
 from usp_receiver import JWKS
-from usp_workers import db, keys
-from usp_workers.models import SigningKeyRecord, utcnow
+from usp_workers.engine import keys
+from usp_workers.storage import db
+from usp_workers.storage.models import SigningKeyRecord, utcnow
 
 from .conftest import ADMIN_TOKEN, MakeClient, MakeSettings, Serve
 

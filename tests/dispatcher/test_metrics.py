@@ -13,8 +13,10 @@ from sqlmodel import SQLModel
 
 from tests.schemas.samples import sample
 from usp_schemas import new_event_id
-from usp_workers import db
-from usp_workers.models import (
+from usp_workers.engine.outbox import emit
+from usp_workers.operations import DELETED, replay_event
+from usp_workers.storage import db
+from usp_workers.storage.models import (
     Attempt,
     BreakerState,
     Delivery,
@@ -23,8 +25,6 @@ from usp_workers.models import (
     SubscriptionState,
     utcnow,
 )
-from usp_workers.operations import DELETED, replay_event
-from usp_workers.outbox import emit
 
 from .conftest import ADMIN, MakeClient
 from .support import assert_problem

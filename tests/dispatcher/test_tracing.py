@@ -25,9 +25,9 @@ from usp_receiver import JWKS, ReceivedWebhook, Verifier, WebhookReceiver
 from usp_receiver._receive import Outcome
 from usp_receiver._tracing import traced
 from usp_receiver.fastapi import webhook_router
-from usp_workers import tracing
-from usp_workers.delivery import deliver_batch_sync
-from usp_workers.models import Delivery, DeliveryStatus, EventRecord
+from usp_workers.engine import tracing
+from usp_workers.engine.delivery import deliver_batch_sync
+from usp_workers.storage.models import Delivery, DeliveryStatus, EventRecord
 
 from .conftest import ADMIN, MakeSettings, Serve
 from .support import subscribe

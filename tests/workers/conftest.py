@@ -4,7 +4,7 @@ signing keys, a controllable clock, settings fit for tests.
 * ``database`` runs each test on both databases: a fresh SQLite file, and a fresh PostgreSQL
   schema of its own (``search_path`` set per connection), so tests never see each other's rows
   nor those of other test modules sharing the server. The schema always comes from the Alembic
-  migrations (``usp_workers.db.upgrade``), never ``create_all``.
+  migrations (``usp_workers.storage.db.upgrade``), never ``create_all``.
 * ``hub`` is one uvicorn server on 127.0.0.1 for the whole session; ``endpoints`` gives each test
   its own paths on it, and ``hub.seen(path)`` shows every request that reached a path.
   ``serve_hub()`` starts another one (another port: another endpoint, with its own
@@ -30,16 +30,8 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 from tests.servers import serving
-from usp_receiver import JWKS
-from usp_workers import tasks
-from usp_workers.db import make_engine, session, upgrade
-from usp_workers.keycache import clear_signing_key_cache
-from usp_workers.keys import ensure_signing_key, published_jwks
-from usp_workers.settings import Settings
-from usp_workers.transport import make_client
-
-from .endpoints import Hub
-from .support import (
+from tests.workers.endpoints import Hub
+from tests.workers.support import (
     Clock,
     Endpoints,
     Pipeline,
@@ -53,6 +45,13 @@ from .support import (
     exclusive,
     redis_db_url,
 )
+from usp_receiver import JWKS
+from usp_workers.engine.keycache import clear_signing_key_cache
+from usp_workers.engine.keys import ensure_signing_key, published_jwks
+from usp_workers.engine.transport import make_client
+from usp_workers.runtime import tasks
+from usp_workers.settings import Settings
+from usp_workers.storage.db import make_engine, session, upgrade
 
 MakeSettings = Callable[..., Settings]
 

@@ -27,17 +27,16 @@ from redis.lock import Lock
 from sqlalchemy.engine import Engine
 from sqlmodel import Session, col, func, select
 
+from tests.workers.endpoints import App, Hub
 from usp_receiver import JWKS
 from usp_schemas import BOOKING_CONFIRMED_EXAMPLE, new_event_id
-from usp_workers.celery_app import QUEUE, make_celery
-from usp_workers.db import session
-from usp_workers.keys import published_jwks
-from usp_workers.models import Attempt, Delivery, DeliveryStatus, Subscription, Transport, utcnow
-from usp_workers.outbox import emit
+from usp_workers.engine.keys import published_jwks
+from usp_workers.engine.outbox import emit
+from usp_workers.runtime.celery_app import QUEUE, make_celery
+from usp_workers.runtime.worker import worker_argv
 from usp_workers.settings import Settings
-from usp_workers.worker import worker_argv
-
-from .endpoints import App, Hub
+from usp_workers.storage.db import session
+from usp_workers.storage.models import Attempt, Delivery, DeliveryStatus, Subscription, Transport, utcnow
 
 
 class Clock:
@@ -371,14 +370,14 @@ class ServiceProcess:
 
 
 class WorkerProcess(ServiceProcess):
-    """``celery -A usp_workers.celery_app worker`` (threads pool), exactly as deployed."""
+    """``celery -A usp_workers.runtime.celery_app worker`` (threads pool), exactly as deployed."""
 
     ready_marker = " ready."
 
     def __init__(
         self, pipeline: Pipeline, name: str, concurrency: int | None = None, env: dict[str, str] | None = None
     ) -> None:
-        command = [sys.executable, "-m", "celery", "-A", "usp_workers.celery_app"]
+        command = [sys.executable, "-m", "celery", "-A", "usp_workers.runtime.celery_app"]
         node = f"{name}-{uuid.uuid4().hex[:8]}"  # one node name per worker (see worker_argv)
         super().__init__(pipeline, name, command + worker_argv(concurrency=concurrency, node=node), env)
 
@@ -393,13 +392,13 @@ class WorkerProcess(ServiceProcess):
 
 #: The scheduler as ``usp-webhooks scheduler`` runs it, without the dispatcher's CLI.
 RELAY_SCRIPT = (
-    "from usp_workers.relay import run_relay; from usp_workers.settings import Settings; "
+    "from usp_workers.runtime.relay import run_relay; from usp_workers.settings import Settings; "
     "run_relay(Settings())"
 )
 
 
 class RelayProcess(ServiceProcess):
-    """The scheduler (:func:`usp_workers.relay.run_relay`) in a child process."""
+    """The scheduler (:func:`usp_workers.runtime.relay.run_relay`) in a child process."""
 
     ready_marker = "scheduler started"
 

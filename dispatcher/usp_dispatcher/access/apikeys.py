@@ -20,8 +20,8 @@ from typing import Final
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, col, select
 
-from usp_workers.models import utcnow
 from usp_workers.settings import Settings
+from usp_workers.storage.models import utcnow
 
 from ..domain.tables import ApiKeyRow
 from .bindings import MAX_PROFILE_LENGTH, bind_profile

@@ -35,9 +35,9 @@ import anyio.to_thread
 from sqlalchemy.engine import Engine
 from sqlmodel import Session
 
-from usp_workers import db
+from usp_workers.engine.ssrf import Resolver
 from usp_workers.settings import Settings
-from usp_workers.ssrf import Resolver
+from usp_workers.storage import db
 
 from ..domain import booking_platform, waitlist_entry_platform
 from .apikeys import authenticate_bearer

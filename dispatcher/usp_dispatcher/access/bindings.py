@@ -16,7 +16,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, select
 
-from usp_workers.models import utcnow
+from usp_workers.storage.models import utcnow
 
 from ..domain.tables import PrincipalProfileRow
 from .errors import forbidden

@@ -14,8 +14,8 @@ import anyio.to_thread
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
-from usp_workers import db
-from usp_workers.models import utcnow
+from usp_workers.storage import db
+from usp_workers.storage.models import utcnow
 
 from ..domain.tables import NonceRow
 from .signatures import NonceCheck

@@ -58,8 +58,8 @@ from usp_receiver import (
     sign_message,
     sign_request,
 )
+from usp_workers.engine.ssrf import Resolver, TargetRefused, check_target
 from usp_workers.settings import Settings
-from usp_workers.ssrf import Resolver, TargetRefused, check_target
 
 from ..documents import DocumentUnavailable, fetch_document
 from .errors import unauthenticated

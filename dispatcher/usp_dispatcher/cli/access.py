@@ -15,7 +15,7 @@ import typer
 from rich.console import Console
 from sqlmodel import Session
 
-from usp_workers import db
+from usp_workers.storage import db
 
 from ..access import create_api_key, list_api_keys, revoke_api_key
 from .config import load_settings, open_engine

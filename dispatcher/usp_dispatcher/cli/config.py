@@ -7,8 +7,8 @@ from contextlib import contextmanager
 
 from sqlalchemy.engine import Engine
 
-from usp_workers import db
 from usp_workers.settings import Settings
+from usp_workers.storage import db
 
 __all__ = ["load_settings", "open_engine"]
 

@@ -12,7 +12,7 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console
 
-from usp_workers import db
+from usp_workers.storage import db
 
 from .admin import DEFAULT_URL, AdminClient, Token, Url
 from .config import load_settings, open_engine

@@ -91,7 +91,7 @@ def migrate() -> None:
 def ready() -> None:
     """Check that the database and the broker answer (the container health check of the worker
     and the scheduler; the API serves the same at /readyz). Exit 1 naming what failed."""
-    from usp_workers.readiness import readiness
+    from usp_workers.runtime.readiness import readiness
 
     settings = load_settings()
     with open_engine(settings) as engine:
@@ -143,7 +143,7 @@ def worker(
     ] = None,
 ) -> None:
     """Run a delivery worker (Celery, threads pool) until SIGTERM or Ctrl-C."""
-    from usp_workers.worker import run_worker
+    from usp_workers.runtime.worker import run_worker
 
     run_worker(load_settings(), concurrency=concurrency)
 
@@ -152,8 +152,8 @@ def worker(
 def scheduler() -> None:
     """Run the scheduler: enqueue due deliveries, reclaim expired leases, expire waitlist offers
     (one is enough; two are safe)."""
-    from usp_workers import tasks
-    from usp_workers.relay import run_relay
+    from usp_workers.runtime import tasks
+    from usp_workers.runtime.relay import run_relay
 
     from ..housekeeping import housekeeping_thread
 

@@ -16,10 +16,12 @@ from fastapi import APIRouter, Depends, Form, Query, Request
 from fastapi.responses import HTMLResponse, Response
 from sqlalchemy.engine import Engine
 
-from usp_workers import activity, keys, metrics, operations, tasks
-from usp_workers.models import DeliveryStatus, SubscriptionState
-from usp_workers.operations import DeadLetterFilter, EventFilter
+from usp_workers import operations
+from usp_workers.engine import keys
+from usp_workers.operations import DeadLetterFilter, EventFilter, activity
+from usp_workers.runtime import metrics, tasks
 from usp_workers.settings import Settings
+from usp_workers.storage.models import DeliveryStatus, SubscriptionState
 
 from ..deps import SessionDep, SettingsDep, get_engine
 from ..problems import HTTPProblem

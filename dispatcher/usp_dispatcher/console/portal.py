@@ -15,9 +15,9 @@ from sqlmodel import Session, col, select
 
 from usp_schemas import EVENT_TYPES
 from usp_workers import operations
-from usp_workers.models import Subscription, Transport
-from usp_workers.outbox import emit, event_matches
+from usp_workers.engine.outbox import emit, event_matches
 from usp_workers.settings import Settings
+from usp_workers.storage.models import Subscription, Transport
 
 from .. import probes
 from ..deps import ResolverDep, SessionDep, SettingsDep

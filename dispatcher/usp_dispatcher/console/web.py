@@ -14,8 +14,8 @@ from fastapi.responses import RedirectResponse, Response
 from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
 
-from usp_workers.models import DeliveryStatus
 from usp_workers.settings import Settings
+from usp_workers.storage.models import DeliveryStatus
 
 from ..deps import SettingsDep
 from ..problems import HTTPProblem

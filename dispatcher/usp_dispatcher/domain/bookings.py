@@ -9,7 +9,7 @@ States (``usp_schemas.BookingState``)::
 Each function is the one source of truth for its operation: the REST routes call it, and each
 USP MCP tool will call exactly one (``usp_bookings_create`` → :func:`create_booking`, …). None of
 them commits: the caller does, after the function returned (result or :class:`.Outcome`), so the
-change and its events (``usp_workers.outbox.emit``, same session) land together. An ``Outcome``
+change and its events (``usp_workers.engine.outbox.emit``, same session) land together. An ``Outcome``
 leaves nothing behind to commit.
 
 Transitions are conditional ``UPDATE … WHERE state IN (…)``: two cancellations racing free the
@@ -44,7 +44,7 @@ from usp_schemas import (
     Buyer,
     WaitlistConverted,
 )
-from usp_workers.models import new_id, utcnow
+from usp_workers.storage.models import new_id, utcnow
 
 from .catalog import find_service
 from .events import BookingEventType, emit_availability_changed, emit_booking_event, emit_waitlist_event

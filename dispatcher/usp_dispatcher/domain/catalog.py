@@ -14,7 +14,7 @@ from datetime import date, datetime, time, timedelta
 from sqlmodel import Session, col, select
 
 from usp_schemas import Money, Service, ServiceCreated, Slot
-from usp_workers.models import new_id, utcnow
+from usp_workers.storage.models import new_id, utcnow
 
 from .events import emit_availability_changed, emit_service_event
 from .outcomes import InvalidRequest, Outcome, service_not_found

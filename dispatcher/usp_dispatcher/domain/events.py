@@ -1,11 +1,11 @@
 """The domain's events: built from the full object after the change, emitted in its transaction.
 
 Each function turns a row into its ``usp_schemas`` event (``data`` is the whole object, via
-:mod:`.views`) and hands it to :func:`usp_workers.outbox.emit`, which records it with one delivery
+:mod:`.views`) and hands it to :func:`usp_workers.engine.outbox.emit`, which records it with one delivery
 per subscription it matches and reaches (below) *in the caller's session*: the state change and
 its event commit together or not at all.
 
-Audience (who may hear it, :func:`usp_workers.outbox.reaches`): an event about a booking or a
+Audience (who may hear it, :func:`usp_workers.engine.outbox.reaches`): an event about a booking or a
 waitlist entry carries the buyer's details, so it goes only to the platform that owns the object
 (``platform_profile``) and to the business; one the business made itself (no profile) goes to the
 business alone (``""``). The catalog is public (``None``): every subscription that matches hears it.
@@ -42,7 +42,7 @@ from usp_schemas import (
     WaitlistOffered,
     new_event_id,
 )
-from usp_workers.outbox import emit
+from usp_workers.engine.outbox import emit
 
 from .tables import BookingRow, ServiceRow, SlotRow, WaitlistRow
 from .views import booking_view, service_view, slot_view, waitlist_view

@@ -24,8 +24,8 @@ from sqlalchemy.engine import Engine
 from sqlmodel import Session, select
 
 from usp_schemas import Money
-from usp_workers import db
-from usp_workers.models import utcnow
+from usp_workers.storage import db
+from usp_workers.storage.models import utcnow
 
 from .catalog import ServiceSpec, create_service
 from .tables import ServiceRow, SlotRow

@@ -6,7 +6,7 @@ its own tables, so autogenerating a revision for one never proposes creating (or
 other's. The names carry a ``sched_`` prefix because the database is shared with the delivery
 engine and, often, with the business's own tables.
 
-Times are aware UTC (:class:`usp_workers.models.UtcDateTime`); a service's ``timezone`` is only
+Times are aware UTC (:class:`usp_workers.storage.models.UtcDateTime`); a service's ``timezone`` is only
 used to *show* them (slots keep the business's local offset on the wire). States are stored as
 short strings, the values of the ``usp_schemas`` literals, so a row reads the same as its event.
 """
@@ -20,7 +20,7 @@ import sqlalchemy as sa
 from sqlalchemy.orm import registry
 from sqlmodel import Field, SQLModel
 
-from usp_workers.models import UtcDateTime, new_id, utcnow
+from usp_workers.storage.models import UtcDateTime, new_id, utcnow
 
 __all__ = [
     "DOMAIN_METADATA",

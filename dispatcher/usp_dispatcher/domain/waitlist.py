@@ -39,8 +39,8 @@ from usp_schemas import (
     WaitlistLeft,
     WaitlistOffered,
 )
-from usp_workers import db
-from usp_workers.models import utcnow
+from usp_workers.storage import db
+from usp_workers.storage.models import utcnow
 
 from .catalog import find_service
 from .events import emit_availability_changed, emit_waitlist_event

@@ -6,8 +6,8 @@ are the event envelope signed in-band (``_meta.usp.signature``, SPEC-NOTES), its
 ``_meta.usp.correlation_id``. The tool layer
 attaches a session to a profile once a privileged call authorized it (:meth:`LiveHub.attach`);
 :meth:`LiveHub.run` tails the events table and sends each session what its profile's active
-subscriptions ask for (:func:`~usp_workers.outbox.event_matches`) and the event's audience allows
-(:func:`~usp_workers.outbox.reaches`, the same rule as REST deliveries).
+subscriptions ask for (:func:`~usp_workers.engine.outbox.event_matches`) and the event's audience allows
+(:func:`~usp_workers.engine.outbox.reaches`, the same rule as REST deliveries).
 
 This is a second, faster path, not a replacement: every event still goes to the profile's
 subscriptions over REST through the outbox (retried for days), and receivers deduplicate on
@@ -57,11 +57,11 @@ from sqlmodel import col, select
 
 from usp_receiver import SigningKey, sign_notification_params
 from usp_schemas import WEBHOOK_METHOD
-from usp_workers import db
-from usp_workers.keycache import NoSigningKey, current_signing_keys
-from usp_workers.models import EventRecord, Subscription, SubscriptionState, utcnow
-from usp_workers.outbox import event_matches, reaches
+from usp_workers.engine.keycache import NoSigningKey, current_signing_keys
+from usp_workers.engine.outbox import event_matches, reaches
 from usp_workers.settings import Settings
+from usp_workers.storage import db
+from usp_workers.storage.models import EventRecord, Subscription, SubscriptionState, utcnow
 
 __all__ = [
     "DEFAULT_LOOKBACK",

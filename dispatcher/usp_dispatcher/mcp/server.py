@@ -33,9 +33,9 @@ from mcp.shared.exceptions import MCPError
 from pydantic import ValidationError
 from sqlalchemy.engine import Engine
 
-from usp_workers import db
+from usp_workers.engine.ssrf import Resolver
 from usp_workers.settings import Settings
-from usp_workers.ssrf import Resolver
+from usp_workers.storage import db
 
 from .. import access
 from ..access import AccessError, Caller, Identity

@@ -31,8 +31,10 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 from mcp.shared.message import SessionMessage
 from sqlalchemy.engine import Engine
 
-from usp_workers import db, keys, tasks
+from usp_workers.engine import keys
+from usp_workers.runtime import tasks
 from usp_workers.settings import Settings
+from usp_workers.storage import db
 
 from .. import database
 from ..domain import ensure_demo_catalog

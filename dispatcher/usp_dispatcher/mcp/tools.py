@@ -34,10 +34,10 @@ from sqlmodel import Session
 
 from usp_receiver import jwk_thumbprint
 from usp_schemas.generate import readable_schema
-from usp_workers import db
-from usp_workers.models import OnDead, Ordering, Subscription, Transport
+from usp_workers.engine.ssrf import Resolver
 from usp_workers.settings import Settings
-from usp_workers.ssrf import Resolver
+from usp_workers.storage import db
+from usp_workers.storage.models import OnDead, Ordering, Subscription, Transport
 
 from .. import access, domain, feed
 from ..access import Access, Caller

@@ -10,7 +10,7 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-import usp_workers.models  # noqa: F401 - column types used below
+import usp_workers.storage.models  # noqa: F401 - column types used below
 ${imports if imports else ""}
 
 revision = ${repr(up_revision)}

@@ -17,8 +17,12 @@ from fastapi.concurrency import run_in_threadpool
 from pydantic import BaseModel, ConfigDict, Field
 from sqlmodel import Session, col, select
 
-from usp_workers import keys, operations, tasks
-from usp_workers.models import (
+from usp_workers import operations
+from usp_workers.engine import keys
+from usp_workers.operations import DeadLetterFilter, EventFilter
+from usp_workers.runtime import tasks
+from usp_workers.settings import Settings
+from usp_workers.storage.models import (
     DeliveryStatus,
     OnDead,
     Ordering,
@@ -27,8 +31,6 @@ from usp_workers.models import (
     SubscriptionState,
     Transport,
 )
-from usp_workers.operations import DeadLetterFilter, EventFilter
-from usp_workers.settings import Settings
 
 from .. import probes
 from ..auth import AdminDep

@@ -14,7 +14,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 from sqlmodel import Session
 
-from usp_workers.models import OnDead, Ordering, Subscription, SubscriptionState, Transport
+from usp_workers.storage.models import OnDead, Ordering, Subscription, SubscriptionState, Transport
 
 from .. import feed
 from ..auth import AdminDep

@@ -1,7 +1,7 @@
 """``GET /healthz`` (the process answers) and ``GET /readyz`` (it can work: database and broker).
 
 Both are public, as load balancers and orchestrators probe without credentials; neither says
-more than which dependency failed and how (:mod:`usp_workers.readiness`).
+more than which dependency failed and how (:mod:`usp_workers.runtime.readiness`).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 from sqlalchemy.engine import Engine
 
-from usp_workers import readiness
+from usp_workers.runtime import readiness
 
 from ..deps import SettingsDep, get_engine
 

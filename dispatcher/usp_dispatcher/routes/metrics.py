@@ -1,6 +1,6 @@
 """``GET /metrics``: the delivery engine's state in the Prometheus text format.
 
-The numbers are read from the database at scrape time (:mod:`usp_workers.metrics`), so one API
+The numbers are read from the database at scrape time (:mod:`usp_workers.runtime.metrics`), so one API
 replica reports the whole fleet; scrape any one of them.
 
 Access: the admin token is required by default (``Authorization: Bearer <USP_ADMIN_TOKEN>``;
@@ -20,7 +20,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from prometheus_client import CONTENT_TYPE_LATEST
 from sqlalchemy.engine import Engine
 
-from usp_workers import metrics
+from usp_workers.runtime import metrics
 
 from ..auth import require_admin
 from ..deps import SettingsDep, get_engine

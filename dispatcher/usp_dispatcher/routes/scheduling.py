@@ -45,7 +45,7 @@ from mcp.shared.exceptions import MCPError
 from pydantic import ValidationError
 
 from usp_schemas import StructuredContent
-from usp_workers import db
+from usp_workers.storage import db
 
 from .. import access, domain
 from ..access import AccessError

@@ -10,7 +10,7 @@ from fastapi import APIRouter
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
 
-from usp_workers import keys
+from usp_workers.engine import keys
 
 from ..deps import SessionDep, SettingsDep
 

@@ -17,8 +17,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Final
 
+from usp_workers.engine.ssrf import Resolver
 from usp_workers.settings import Settings
-from usp_workers.ssrf import Resolver
 
 from ..access import AccessError, Identity, verify_agent_signature
 from ..access.signatures import DirectoryCache, NonceCheck

@@ -23,7 +23,7 @@ import sqlalchemy as sa
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from sqlmodel import Session, col, select
 
-from usp_workers.models import utcnow
+from usp_workers.storage.models import utcnow
 
 from .agents import Agent
 from .answers import Answer, invalid, not_found

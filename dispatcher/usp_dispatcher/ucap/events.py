@@ -30,7 +30,7 @@ from usp_schemas import (
     Tier,
     new_event_id,
 )
-from usp_workers.outbox import emit
+from usp_workers.engine.outbox import emit
 
 from .tables import (
     EntitlementRow,

@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from sqlmodel import Session, select
 
 from usp_schemas import PostPublished, PostUpdated
-from usp_workers.models import utcnow
+from usp_workers.storage.models import utcnow
 
 from ..errors import Conflict, NotFound, Refused
 from .events import emit_post_event, emit_publication_updated

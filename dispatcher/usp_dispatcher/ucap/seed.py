@@ -14,8 +14,8 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 from sqlmodel import Session, select
 
-from usp_workers import db
-from usp_workers.models import utcnow
+from usp_workers.storage import db
+from usp_workers.storage.models import utcnow
 
 from .publishing import PostIn, PublicationIn, TierIn, add_post, add_publication
 from .tables import PublicationRow

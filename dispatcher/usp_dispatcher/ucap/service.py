@@ -19,10 +19,10 @@ import anyio.to_thread
 from sqlalchemy.engine import Engine
 from sqlmodel import Session
 
-from usp_workers import db
-from usp_workers.models import utcnow
+from usp_workers.engine.ssrf import Resolver
 from usp_workers.settings import Settings
-from usp_workers.ssrf import Resolver
+from usp_workers.storage import db
+from usp_workers.storage.models import utcnow
 
 from ..access.nonces import database_nonces
 from .agents import Agent, RateLimiter, authenticate_agent

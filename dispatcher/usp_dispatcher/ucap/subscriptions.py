@@ -33,7 +33,7 @@ from usp_schemas import (
     SubscriptionCancelled,
     SubscriptionCreated,
 )
-from usp_workers.models import utcnow
+from usp_workers.storage.models import utcnow
 
 from .agents import Agent
 from .answers import Answer, UcapError, invalid, not_found

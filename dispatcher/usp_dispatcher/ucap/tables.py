@@ -19,7 +19,7 @@ from datetime import datetime
 import sqlalchemy as sa
 from sqlmodel import Field
 
-from usp_workers.models import UtcDateTime, new_id, utcnow
+from usp_workers.storage.models import UtcDateTime, new_id, utcnow
 
 from ..domain.tables import DomainTable
 

@@ -18,8 +18,9 @@ from starlette.routing import Route
 from usp_dispatcher import database
 from usp_dispatcher.access import DirectoryCache
 from usp_receiver import SigningKey
-from usp_workers import db, keys
+from usp_workers.engine import keys
 from usp_workers.settings import Settings
+from usp_workers.storage import db
 
 from ..conftest import MakeSettings, Serve
 

@@ -26,9 +26,9 @@ from usp_dispatcher.access import (
 from usp_dispatcher.domain import create_booking, join_waitlist
 from usp_receiver import SigningKey, jwk_thumbprint
 from usp_schemas import TimeWindow
-from usp_workers import db
-from usp_workers.models import utcnow
 from usp_workers.settings import Settings
+from usp_workers.storage import db
+from usp_workers.storage.models import utcnow
 
 from ..conftest import ADMIN_TOKEN, MakeSettings
 from ..domain.support import ALICE, NOW, build_catalog, ok

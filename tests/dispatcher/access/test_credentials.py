@@ -20,9 +20,9 @@ from usp_dispatcher.access import (
 from usp_dispatcher.access._jose import parse_jws, sign_jws
 from usp_dispatcher.access.credentials import looks_like_booking_credential, proof_holds
 from usp_receiver import SigningKey, jwk_thumbprint
-from usp_workers import keys
-from usp_workers.models import utcnow
+from usp_workers.engine import keys
 from usp_workers.settings import Settings
+from usp_workers.storage.models import utcnow
 
 from ..conftest import MakeSettings
 from .conftest import PROFILE

@@ -13,7 +13,7 @@ from sqlalchemy.engine import Engine
 
 from usp_dispatcher import access
 from usp_dispatcher.access.credentials import make_pop_proof
-from usp_workers import db
+from usp_workers.storage import db
 
 from ..conftest import ADMIN
 from ..support import assert_problem

@@ -20,8 +20,8 @@ from usp_dispatcher.access import (
 )
 from usp_dispatcher.access.signatures import parse_signature_agent
 from usp_receiver import SigningKey, content_digest, jwk_thumbprint, sign_message
-from usp_workers import db
 from usp_workers.settings import Settings
+from usp_workers.storage import db
 
 from ..conftest import ADMIN_TOKEN, MakeSettings
 from .conftest import Agent

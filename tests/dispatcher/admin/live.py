@@ -24,7 +24,7 @@ from tests.workers.support import Pipeline, WorkerProcess
 from usp_dispatcher import cli
 from usp_dispatcher.app import create_app
 from usp_receiver import JWKS
-from usp_workers.models import Delivery
+from usp_workers.storage.models import Delivery
 
 from ..conftest import ADMIN, ADMIN_TOKEN, MakeSettings, Serve
 

@@ -4,7 +4,7 @@ The app runs with its lifespan (migrations, signing key, the broker hand-off ins
 and PostgreSQL. No worker runs here: what the API stores and sends to the broker is checked; the
 job a worker would run is run by calling the same engine function the ``usp.run_job`` task
 calls. Deliveries reaching real receivers are shown in ``test_cli.py`` (a real worker) and
-``tests/workers/test_operations.py`` (the engine).
+``tests/workers/operations/test_operations.py`` (the engine).
 """
 
 from __future__ import annotations
@@ -21,10 +21,12 @@ from fastapi.testclient import TestClient
 from sqlalchemy.engine import Engine
 from sqlmodel import Session, col, select
 
-from usp_workers import health, operations, tasks
-from usp_workers.celery_app import QUEUE
-from usp_workers.embedded_broker import make_broker_engine
-from usp_workers.models import Delivery, DeliveryStatus, EventRecord, Subscription, SubscriptionState
+from usp_workers import operations
+from usp_workers.engine import health
+from usp_workers.runtime import tasks
+from usp_workers.runtime.celery_app import QUEUE
+from usp_workers.runtime.embedded_broker import make_broker_engine
+from usp_workers.storage.models import Delivery, DeliveryStatus, EventRecord, Subscription, SubscriptionState
 
 from ..conftest import ADMIN, MakeClient
 from ..support import assert_problem, event, subscribe

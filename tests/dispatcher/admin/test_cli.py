@@ -2,7 +2,7 @@
 subprocess → a receiver on a real server that verifies every signature.
 
 The API serves the test's database (SQLite file or PostgreSQL schema) with the embedded broker;
-the worker is ``celery -A usp_workers.celery_app worker`` configured only by ``USP_*``
+the worker is ``celery -A usp_workers.runtime.celery_app worker`` configured only by ``USP_*``
 variables, as deployed. Commands run in-process through Typer's ``CliRunner`` and reach the API
 over HTTP like an operator's terminal would.
 """
@@ -24,7 +24,7 @@ from usp_dispatcher import cli
 from usp_dispatcher.cli.output import short_id
 from usp_dispatcher.samples import sample_event
 from usp_schemas import EVENT_TYPES, parse_event
-from usp_workers.models import Delivery, DeliveryStatus, Subscription
+from usp_workers.storage.models import Delivery, DeliveryStatus, Subscription
 
 from ..conftest import ADMIN
 from .live import WAIT, Live, deliveries, event_id_in, wait_until

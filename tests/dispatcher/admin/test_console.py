@@ -22,7 +22,7 @@ from sqlmodel import Session
 
 from tests.workers.endpoints import Answer, UspReceiver
 from usp_dispatcher.samples import sample_event
-from usp_workers.models import Delivery, DeliveryStatus, Subscription
+from usp_workers.storage.models import Delivery, DeliveryStatus, Subscription
 
 from ..conftest import ADMIN, ADMIN_TOKEN
 from .browser import screenshot

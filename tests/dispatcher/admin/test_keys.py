@@ -15,8 +15,8 @@ from fastapi.testclient import TestClient
 from sqlalchemy.engine import Engine
 from sqlmodel import select
 
-from usp_workers import db
-from usp_workers.models import SigningKeyRecord
+from usp_workers.storage import db
+from usp_workers.storage.models import SigningKeyRecord
 
 from ..conftest import ADMIN, MakeClient
 from ..support import assert_problem

@@ -14,8 +14,8 @@ from sqlmodel import Session, col, func, select
 from usp_dispatcher.domain import Outcome, ServiceSpec, add_slot, create_service
 from usp_dispatcher.domain.tables import SlotRow
 from usp_schemas import Buyer, Message, Money, WebhookEvent, parse_event
-from usp_workers import db
-from usp_workers.models import Delivery, EventRecord
+from usp_workers.storage import db
+from usp_workers.storage.models import Delivery, EventRecord
 
 #: The tests' "now": every slot below lies after it.
 NOW = datetime(2030, 3, 14, 16, 0, tzinfo=UTC)

@@ -30,8 +30,8 @@ from usp_schemas import (
     BookingCreated,
     BookingRescheduled,
 )
-from usp_workers import db
-from usp_workers.models import EventRecord
+from usp_workers.storage import db
+from usp_workers.storage.models import EventRecord
 
 from .support import ALICE, BOB, NOW, Catalog, call, count, event_types, events, ok, refused, run, slot_counts
 

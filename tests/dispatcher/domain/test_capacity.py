@@ -28,7 +28,7 @@ from usp_dispatcher.domain import (
 )
 from usp_dispatcher.domain.tables import BookingRow
 from usp_schemas import INVALID_STATE_TRANSITION, SLOT_UNAVAILABLE, Booking, Buyer, TimeWindow
-from usp_workers import db
+from usp_workers.storage import db
 
 from .support import ALICE, NOW, Catalog, count, event_types, ok, refused, run, slot_counts
 

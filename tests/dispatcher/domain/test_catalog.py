@@ -22,8 +22,8 @@ from usp_dispatcher.domain import (
 from usp_dispatcher.domain.seed import DEMO_DAYS, DEMO_SERVICES, ensure_demo_catalog
 from usp_dispatcher.domain.tables import ServiceRow, SlotRow
 from usp_schemas import SERVICE_NOT_FOUND, AvailabilityChanged, Money, ServiceCreated
-from usp_workers import db
-from usp_workers.models import EventRecord
+from usp_workers.storage import db
+from usp_workers.storage.models import EventRecord
 
 from ..conftest import MakeClient
 from .support import ALICE, NOW, Catalog, call, count, event_types, events, ok, refused

@@ -34,8 +34,8 @@ from usp_dispatcher.domain import (
     waitlist_entry_platform,
 )
 from usp_schemas import SLOT_UNAVAILABLE, TimeWindow
-from usp_workers import db
-from usp_workers.models import Delivery, EventRecord, Subscription
+from usp_workers.storage import db
+from usp_workers.storage.models import Delivery, EventRecord, Subscription
 
 from .support import ALICE, BOB, CAROL, NOW, Catalog, call, ok, refused, run
 

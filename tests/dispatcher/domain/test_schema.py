@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 
 from usp_dispatcher import cli, database
 from usp_dispatcher.domain.tables import DOMAIN_METADATA
-from usp_workers import db
+from usp_workers.storage import db
 
 from ..conftest import MakeClient
 

@@ -27,8 +27,8 @@ from sqlalchemy.engine import Engine
 from usp_dispatcher import access
 from usp_dispatcher.mcp import build_server
 from usp_dispatcher.mcp.stdio import _prepare_database
-from usp_workers import db
 from usp_workers.settings import Settings
+from usp_workers.storage import db
 
 from ..conftest import ADMIN_TOKEN, MakeSettings
 

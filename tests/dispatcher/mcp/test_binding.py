@@ -19,9 +19,10 @@ from usp_dispatcher import access
 from usp_receiver import JWKS, SigningKey
 from usp_receiver.dedupe import MemoryDedupe
 from usp_receiver.mcp import NotificationBinding, ReceivedNotification
-from usp_workers import db, keys
-from usp_workers.models import EventRecord
+from usp_workers.engine import keys
 from usp_workers.settings import Settings
+from usp_workers.storage import db
+from usp_workers.storage.models import EventRecord
 
 from ..conftest import ADMIN_TOKEN, MakeSettings
 from .conftest import connect, stdio_parameters

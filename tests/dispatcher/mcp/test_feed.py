@@ -14,9 +14,9 @@ from sqlmodel import select
 
 from usp_dispatcher import feed
 from usp_dispatcher.domain.tables import IdempotencyRecord
-from usp_workers import db
-from usp_workers.models import Subscription, Transport
 from usp_workers.settings import Settings
+from usp_workers.storage import db
+from usp_workers.storage.models import Subscription, Transport
 
 from ..conftest import ADMIN_TOKEN, MakeSettings
 from .conftest import connect

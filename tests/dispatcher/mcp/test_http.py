@@ -21,9 +21,9 @@ from sqlmodel import col, select
 
 from usp_dispatcher.app import create_app
 from usp_schemas import EVENT_TYPES, OUTCOME_CODES, USP_VERSION
-from usp_workers import db
-from usp_workers.models import EventRecord
 from usp_workers.settings import Settings
+from usp_workers.storage import db
+from usp_workers.storage.models import EventRecord
 
 from ..conftest import Serve
 from .support import ALICE, HAIRCUT, PROFILE, free_slots, ok, refused, usp

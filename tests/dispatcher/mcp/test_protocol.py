@@ -9,8 +9,8 @@ import pytest
 from sqlalchemy.engine import Engine
 
 from usp_receiver import SigningKey
-from usp_workers import db
 from usp_workers.settings import Settings
+from usp_workers.storage import db
 
 from .conftest import connect
 from .support import ALICE, HAIRCUT, OTHER_PROFILE, refused, usp, window

@@ -17,7 +17,7 @@ from sqlalchemy.engine import Engine
 from sqlmodel import select
 
 from usp_dispatcher.domain.tables import BookingRow
-from usp_workers import db
+from usp_workers.storage import db
 
 from .conftest import stdio_parameters
 from .support import ALICE, HAIRCUT, PROFILE, book, free_slots, ok, usp, window

@@ -15,9 +15,9 @@ from usp_dispatcher.domain.tables import BookingRow, WaitlistRow
 from usp_dispatcher.mcp import build_server
 from usp_dispatcher.mcp.live import LiveHub
 from usp_dispatcher.mcp.server import STDIO_SESSION
-from usp_workers import db
-from usp_workers.models import EventRecord, Subscription
 from usp_workers.settings import Settings
+from usp_workers.storage import db
+from usp_workers.storage.models import EventRecord, Subscription
 
 from ..conftest import ADMIN_TOKEN, MakeSettings
 from .conftest import connect

@@ -15,8 +15,9 @@ from usp_dispatcher import access, database
 from usp_dispatcher.app import create_app
 from usp_dispatcher.mcp.http import MCPEndpoint
 from usp_receiver import JWKS
-from usp_workers import db, keys
+from usp_workers.engine import keys
 from usp_workers.settings import Settings
+from usp_workers.storage import db
 
 from ..conftest import MakeSettings, Serve
 

@@ -19,7 +19,8 @@ from tests.dispatcher.support import event
 from usp_receiver import JWKS
 from usp_receiver.dedupe import MemoryDedupe
 from usp_receiver.mcp import NotificationBinding, ReceivedNotification
-from usp_workers import db, outbox
+from usp_workers.engine import outbox
+from usp_workers.storage import db
 
 #: Waits for something that must happen are bounded by this (a hang fails, speed is not tested).
 PATIENCE = 30.0

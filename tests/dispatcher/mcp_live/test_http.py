@@ -20,7 +20,7 @@ from usp_dispatcher import access
 from usp_dispatcher.app import create_app
 from usp_dispatcher.mcp.http import MCPEndpoint
 from usp_receiver import JWKS
-from usp_workers import db
+from usp_workers.storage import db
 
 from ..conftest import MakeSettings, Serve
 from ..mcp.support import OTHER_PROFILE, PROFILE, book, free_slots, ok, usp

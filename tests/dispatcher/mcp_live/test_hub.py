@@ -14,9 +14,10 @@ from sqlalchemy.engine import Engine
 
 from usp_dispatcher.mcp.live import LiveHub
 from usp_receiver import JWKS, verify_notification_params
-from usp_workers import db, keys, outbox
-from usp_workers.models import Subscription, SubscriptionState
+from usp_workers.engine import keys, outbox
 from usp_workers.settings import Settings
+from usp_workers.storage import db
+from usp_workers.storage.models import Subscription, SubscriptionState
 
 from ..mcp.support import OTHER_PROFILE, PROFILE
 from ..support import event

@@ -14,8 +14,9 @@ from sqlalchemy.engine import Engine
 
 from usp_dispatcher import access
 from usp_receiver import JWKS
-from usp_workers import db, keys
+from usp_workers.engine import keys
 from usp_workers.settings import Settings
+from usp_workers.storage import db
 
 from ..conftest import ADMIN_TOKEN
 from ..mcp.support import OTHER_PROFILE, PROFILE, ok, usp

@@ -13,8 +13,8 @@ from sqlalchemy.engine import Engine
 
 from usp_dispatcher.ucap.publishing import PostIn, PublicationIn, TierIn, add_post, add_publication
 from usp_dispatcher.ucap.seed import DEMO_PAID_POST, DEMO_PUBLICATION
-from usp_workers import db
-from usp_workers.models import utcnow
+from usp_workers.storage import db
+from usp_workers.storage.models import utcnow
 
 from .conftest import Agent, signed
 

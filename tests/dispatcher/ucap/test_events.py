@@ -16,11 +16,12 @@ from tests.workers.endpoints import UspReceiver
 from tests.workers.support import Endpoints
 from usp_dispatcher.ucap.seed import DEMO_PUBLICATION
 from usp_receiver import JWKS
-from usp_workers import db, keys
-from usp_workers.delivery import deliver_batch_sync
-from usp_workers.models import Delivery, EventRecord
-from usp_workers.runtime import close_background_runtime
+from usp_workers.engine import keys
+from usp_workers.engine.background import close_background_runtime
+from usp_workers.engine.delivery import deliver_batch_sync
 from usp_workers.settings import Settings
+from usp_workers.storage import db
+from usp_workers.storage.models import Delivery, EventRecord
 
 from ..conftest import ADMIN, MakeSettings
 from .conftest import Agent

@@ -13,8 +13,8 @@ from sqlalchemy.engine import Engine
 from sqlmodel import col, select
 
 from usp_dispatcher.ucap.seed import DEMO_PAID_POST, DEMO_PUBLICATION
-from usp_workers import db
-from usp_workers.models import EventRecord
+from usp_workers.storage import db
+from usp_workers.storage.models import EventRecord
 
 from .conftest import Agent, MakeAgent, signed
 from .support import PRO, pay, start_usdc, x402_payment

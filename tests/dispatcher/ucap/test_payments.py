@@ -28,8 +28,8 @@ from usp_dispatcher.ucap.payments import sandbox_facilitator_app
 from usp_dispatcher.ucap.seed import DEMO_PAID_POST, DEMO_PUBLICATION
 from usp_dispatcher.ucap.settings import UcapSettings
 from usp_dispatcher.ucap.tables import CheckoutRow, EntitlementRow, TierRow
-from usp_workers import db
-from usp_workers.models import EventRecord
+from usp_workers.storage import db
+from usp_workers.storage.models import EventRecord
 
 from ..conftest import MakeClient, MakeSettings, Serve
 from .conftest import Agent, signed

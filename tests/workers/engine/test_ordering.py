@@ -1,0 +1,218 @@
+"""Per-subject ordering in the engine (SQLite and PostgreSQL): a subject's deliveries go one at a
+time in emission order, a failing one holds back only its own subject, and a dead one blocks
+(visibly) or is skipped, as the subscription chose. Retries are driven by a moved clock.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+import httpx
+import pytest
+from sqlalchemy.engine import Engine
+from sqlmodel import Session, col, select
+
+from tests.workers.conftest import MakeSettings
+from tests.workers.endpoints import Receive, Scope, Send, read_body, respond
+from tests.workers.support import Clock, Endpoints, delivery
+from usp_receiver import JWKS
+from usp_schemas import BOOKING_CONFIRMED_EXAMPLE, new_event_id
+from usp_workers import operations
+from usp_workers.engine import ordering
+from usp_workers.engine.delivery import deliver_batch
+from usp_workers.engine.outbox import emit
+from usp_workers.runtime.relay import mark_due
+from usp_workers.settings import Settings
+from usp_workers.storage.db import session
+from usp_workers.storage.models import Delivery, DeliveryStatus, OnDead, Ordering, Subscription, utcnow
+
+pytestmark = pytest.mark.anyio
+
+
+@dataclass
+class ByEvent:
+    """Answers 500 to the events in ``failing``, 204 to the rest; ``arrived`` in arrival order."""
+
+    failing: set[str] = field(default_factory=set)
+    arrived: list[str] = field(default_factory=list)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        event_id = json.loads(await read_body(receive))["event_id"]
+        self.arrived.append(event_id)
+        await respond(send, 500 if event_id in self.failing else 204)
+
+
+def ordered_subscription(engine: Engine, url: str, on_dead: OnDead = OnDead.BLOCK) -> str:
+    with Session(engine) as s:
+        row = Subscription(url=url, ordering=Ordering.SUBJECT, on_dead=on_dead)
+        s.add(row)
+        s.commit()
+        return row.id
+
+
+def emit_for(engine: Engine, booking_id: str, clock: Clock) -> tuple[str, str]:
+    """Emit a booking.confirmed event about ``booking_id``; its id and its one delivery's."""
+    event = json.loads(BOOKING_CONFIRMED_EXAMPLE)
+    event["event_id"] = new_event_id()
+    event["booking_id"] = event["data"]["id"] = booking_id
+    with session(engine) as s:
+        record = emit(s, event)
+        s.commit()
+        [delivery_id] = s.exec(select(Delivery.id).where(Delivery.event_id == record.id)).all()
+    return record.id, delivery_id
+
+
+def pending_ids(engine: Engine) -> list[str]:
+    with Session(engine) as s:
+        return list(
+            s.exec(
+                select(Delivery.id)
+                .where(col(Delivery.status) == DeliveryStatus.PENDING)
+                .order_by(col(Delivery.id))
+            ).all()
+        )
+
+
+async def test_a_subjects_events_go_one_at_a_time_and_a_failure_holds_back_only_its_subject(
+    database: Engine,
+    make_settings: MakeSettings,
+    jwks: JWKS,
+    endpoints: Endpoints,
+    client: httpx.AsyncClient,
+    clock: Clock,
+) -> None:
+    settings = make_settings(retry_schedule=(5.0,) * 5)
+    endpoint = ByEvent()
+    ordered_subscription(database, endpoints.add("ordered", endpoint))
+    a = [emit_for(database, "bkg_a", clock) for _ in range(3)]
+    b = [emit_for(database, "bkg_b", clock) for _ in range(2)]
+    endpoint.failing.add(a[0][0])
+
+    # Handed every delivery at once, the engine claims only each subject's first.
+    report = await deliver_batch(database, settings, pending_ids(database), client=client, now=clock)
+    assert report.claimed == 2
+    assert endpoint.arrived == [a[0][0], b[0][0]] or endpoint.arrived == [b[0][0], a[0][0]]
+    # b's first settled, so b's second is let go (no broker here: left for the scheduler's pass);
+    # a's first failed and waits for its retry, and a's later events wait behind it.
+    assert report.released == [b[1][1]]
+    assert [row for row, _ in mark_due(database, settings, now=clock())] == [b[1][1]]
+
+    report = await deliver_batch(database, settings, pending_ids(database), client=client, now=clock)
+    assert report.claimed == 1
+    assert endpoint.arrived[-1] == b[1][0]
+
+    # The retry comes due and succeeds: a's second goes next, then its third.
+    endpoint.failing.clear()
+    clock.advance(5.1)
+    for expected in a:
+        report = await deliver_batch(database, settings, pending_ids(database), client=client, now=clock)
+        assert report.claimed == 1
+        assert endpoint.arrived[-1] == expected[0]
+    assert pending_ids(database) == []
+    assert [e for e in endpoint.arrived if e in {x for x, _ in a}] == [a[0][0], a[0][0], a[1][0], a[2][0]]
+
+
+async def test_unordered_subscriptions_are_not_held_back(
+    database: Engine,
+    settings: Settings,
+    jwks: JWKS,
+    endpoints: Endpoints,
+    client: httpx.AsyncClient,
+    clock: Clock,
+) -> None:
+    endpoint = ByEvent()
+    with Session(database) as s:
+        s.add(Subscription(url=endpoints.add("unordered", endpoint)))
+        s.commit()
+    events = [emit_for(database, "bkg_a", clock) for _ in range(4)]
+    endpoint.failing.add(events[0][0])
+    report = await deliver_batch(database, settings, pending_ids(database), client=client, now=clock)
+    assert report.claimed == 4
+    assert sorted(endpoint.arrived) == sorted(e for e, _ in events)
+    with Session(database) as s:
+        assert s.exec(select(Delivery.subject_key)).all() == [None] * 4
+
+
+async def test_a_dead_delivery_blocks_its_subject_visibly_until_redriven(
+    database: Engine,
+    make_settings: MakeSettings,
+    jwks: JWKS,
+    endpoints: Endpoints,
+    client: httpx.AsyncClient,
+    clock: Clock,
+) -> None:
+    settings = make_settings(retry_schedule=(1.0,))
+    endpoint = ByEvent()
+    sub = ordered_subscription(database, endpoints.add("blocking", endpoint))
+    poison, *held = [emit_for(database, "bkg_poison", clock) for _ in range(3)]
+    other = emit_for(database, "bkg_other", clock)
+    endpoint.failing.add(poison[0])
+
+    await deliver_batch(database, settings, pending_ids(database), client=client, now=clock)
+    clock.advance(1.1)
+    report = await deliver_batch(database, settings, pending_ids(database), client=client, now=clock)
+    assert report.dead == 1
+    assert report.released == []  # dead under "block": nothing behind it may go
+    assert delivery(database, other[1]).status == DeliveryStatus.SUCCEEDED  # other subjects flowed
+    report = await deliver_batch(database, settings, pending_ids(database), client=client, now=clock)
+    assert report.claimed == 0
+
+    # Visible: the admin view names the subject, its dead delivery and what waits; so does the gauge.
+    with database.connect() as connection:
+        [blocked] = ordering.blocked_subjects(connection, sub)
+        assert ordering.blocked_counts(connection) == {sub: 1}
+    assert (blocked.subject, blocked.delivery_id, blocked.event_id, blocked.waiting) == (
+        "bkg_poison",
+        poison[1],
+        poison[0],
+        2,
+    )
+    with Session(database) as s:
+        health = operations.subscription_health(s, sub)
+    assert health.blocked_subjects == 1
+
+    # Redriven, the new delivery takes the dead one's place, and the rest follow in order.
+    endpoint.failing.clear()
+    with Session(database) as s:
+        operations.replay_event(s, poison[0], subscription_id=sub, now=clock)
+    for expected in [poison, *held]:
+        report = await deliver_batch(database, settings, pending_ids(database), client=client, now=clock)
+        assert report.claimed == 1
+        assert endpoint.arrived[-1] == expected[0]
+    with database.connect() as connection:
+        assert ordering.blocked_subjects(connection, sub) == []
+        assert ordering.blocked_counts(connection) == {}
+
+
+async def test_under_skip_a_dead_delivery_lets_its_subject_go_on(
+    database: Engine,
+    make_settings: MakeSettings,
+    jwks: JWKS,
+    endpoints: Endpoints,
+    client: httpx.AsyncClient,
+    clock: Clock,
+) -> None:
+    settings = make_settings(retry_schedule=())
+    endpoint = ByEvent()
+    sub = ordered_subscription(database, endpoints.add("skipping", endpoint), on_dead=OnDead.SKIP)
+    poison, after = (emit_for(database, "bkg_1", clock) for _ in range(2))
+    endpoint.failing.add(poison[0])
+
+    report = await deliver_batch(database, settings, pending_ids(database), client=client, now=clock)
+    assert report.dead == 1
+    assert report.released == [after[1]]
+    report = await deliver_batch(database, settings, pending_ids(database), client=client, now=clock)
+    assert report.succeeded == 1
+    assert endpoint.arrived == [poison[0], after[0]]
+    with database.connect() as connection:
+        assert ordering.blocked_subjects(connection, sub) == []
+
+
+def test_an_events_place_sorts_by_time_then_id() -> None:
+    moment = utcnow()
+    places = [ordering.place(moment, "evt_b"), ordering.place(moment, "evt_a")]
+    assert sorted(places) == [ordering.place(moment, "evt_a"), ordering.place(moment, "evt_b")]
+    assert ordering.subject_of(Ordering.NONE, "bkg_1", moment, "evt_a") == (None, None)
+    assert ordering.subject_of(Ordering.SUBJECT, None, moment, "evt_a") == (None, None)
+    assert ordering.subject_of("subject", "bkg_1", moment, "evt_a") == ("bkg_1", places[1])

@@ -1,0 +1,203 @@
+"""The per-subscription rate limit, measured where it matters: at the receiver.
+
+Several "workers" (concurrent ``deliver_batch`` calls, as a fleet's processes would make) drain a
+backlog to a subscription limited to N deliveries per second; the receiver timestamps every
+arrival. The backlog flows at the rate (measured from the first arrival to the last), evenly (no
+gap much longer than the interval), and no one-second window holds more than N plus the small
+burst. Deliveries held back wait or are deferred, never failed: each ends with one attempt.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from functools import partial
+
+import anyio
+import httpx
+import pytest
+from sqlalchemy.engine import Engine
+from sqlmodel import Session, select
+
+from tests.workers.conftest import MakeSettings
+from tests.workers.endpoints import Receive, Scope, Send, respond
+from tests.workers.support import (
+    Endpoints,
+    Pipeline,
+    StartRelay,
+    StartWorker,
+    add_subscription,
+    attempts,
+    delivery,
+    emit_event,
+    emit_events,
+    subscribe,
+    subscription,
+    wait_all_succeeded,
+)
+from usp_receiver import JWKS
+from usp_workers.engine.delivery import deliver_batch
+from usp_workers.engine.health import set_rate_limit
+from usp_workers.engine.ratelimit import burst_of
+from usp_workers.runtime import tasks
+from usp_workers.storage.db import session
+from usp_workers.storage.models import Delivery, DeliveryStatus, RateBucket, utcnow
+
+pytestmark = pytest.mark.anyio
+
+
+class Stopwatch:
+    """Answers 204 and records when each request arrived (monotonic seconds)."""
+
+    def __init__(self) -> None:
+        self.arrivals: list[float] = []
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        self.arrivals.append(time.monotonic())
+        await respond(send, 204)
+
+
+def busiest_second(arrivals: list[float]) -> int:
+    """The most arrivals in any window [t, t + 1 s) starting at an arrival."""
+    times = sorted(arrivals)
+    return max((sum(1 for u in times if t <= u < t + 1.0) for t in times), default=0)
+
+
+def measured_rate(arrivals: list[float]) -> float:
+    """Arrivals per second from the first to the last."""
+    times = sorted(arrivals)
+    return (len(times) - 1) / (times[-1] - times[0])
+
+
+def longest_gap(arrivals: list[float]) -> float:
+    times = sorted(arrivals)
+    return max(b - a for a, b in itertools.pairwise(times))
+
+
+def show(capsys: pytest.CaptureFixture[str], where: str, limit: int, arrivals: list[float]) -> None:
+    with capsys.disabled():
+        print(
+            f"\n[rate limit] {where}: {limit}/s configured, {measured_rate(arrivals):.2f}/s measured over"
+            f" {len(arrivals)} deliveries, busiest second {busiest_second(arrivals)},"
+            f" longest gap {longest_gap(arrivals) * 1000:.0f} ms"
+        )
+
+
+@pytest.mark.parametrize("limit", [5])
+async def test_a_backlog_flows_at_the_configured_rate_evenly(
+    database: Engine,
+    make_settings: MakeSettings,
+    jwks: JWKS,
+    endpoints: Endpoints,
+    client: httpx.AsyncClient,
+    capsys: pytest.CaptureFixture[str],
+    limit: int,
+) -> None:
+    settings = make_settings()
+    stopwatch = Stopwatch()
+    sub = add_subscription(database, endpoints.add("limited", stopwatch))
+    with session(database) as s:
+        assert set_rate_limit(s, sub.id, limit) is not None
+        s.commit()
+    assert subscription(database, sub.id).rate_limit == limit
+    ids = [emit_event(database)[1][0] for _ in range(4 * limit)]
+
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        pending = [i for i in ids if delivery(database, i).status == DeliveryStatus.PENDING]
+        if not pending:
+            break
+        due = [i for i in pending if delivery(database, i).next_attempt_at <= utcnow()]
+        # Three workers at once, each handed every due delivery (the claim splits them).
+        async with anyio.create_task_group() as group:
+            for _ in range(3):
+                group.start_soon(partial(deliver_batch, database, settings, due, client=client))
+        await anyio.sleep(0.05)
+
+    assert len(stopwatch.arrivals) == len(ids)
+    show(capsys, "3 concurrent workers", limit, stopwatch.arrivals)
+    assert 0.9 * limit <= measured_rate(stopwatch.arrivals) <= 1.1 * limit
+    assert busiest_second(stopwatch.arrivals) <= limit + burst_of(limit)
+    assert longest_gap(stopwatch.arrivals) < 2.5 / limit, "evenly spaced, not in bursts"
+    for delivery_id in ids:
+        row = delivery(database, delivery_id)
+        assert row.status == DeliveryStatus.SUCCEEDED
+        assert row.attempt_count == 1  # waits and deferrals burned no attempt
+        assert len(attempts(database, delivery_id)) == 1
+
+
+async def test_a_start_too_far_away_is_deferred_to_the_buckets_next_start(
+    database: Engine,
+    make_settings: MakeSettings,
+    jwks: JWKS,
+    endpoints: Endpoints,
+    client: httpx.AsyncClient,
+) -> None:
+    """At 1/s, a batch of four sends three (now, +1 s, +2 s: waited for in the worker, within
+    RATE_WAIT) and defers the fourth to +3 s, the bucket's next start."""
+    settings = make_settings()
+    stopwatch = Stopwatch()
+    sub = add_subscription(database, endpoints.add("one", stopwatch))
+    with session(database) as s:
+        set_rate_limit(s, sub.id, 1)
+        s.commit()
+    ids = [emit_event(database)[1][0] for _ in range(4)]
+
+    report = await deliver_batch(database, settings, ids, client=client)
+
+    assert report.succeeded == 3
+    assert report.paused == 1
+    assert len(stopwatch.arrivals) == 3
+    assert [round(b - a, 1) for a, b in itertools.pairwise(sorted(stopwatch.arrivals))] == [1.0, 1.0]
+    [held] = [i for i in ids if delivery(database, i).status == DeliveryStatus.PENDING]
+    row = delivery(database, held)
+    assert row.attempt_count == 0
+    with session(database) as s:
+        bucket = s.get(RateBucket, sub.id)
+    assert bucket is not None
+    assert row.next_attempt_at == bucket.tat  # burst 1: the next start is the bucket's tat
+
+
+async def test_lifting_the_limit_and_refusing_a_nonsense_one(database: Engine, endpoints: Endpoints) -> None:
+    sub = add_subscription(database, endpoints.add("any", Stopwatch()))
+    with session(database) as s:
+        with pytest.raises(ValueError, match="at least 1"):
+            set_rate_limit(s, sub.id, 0)
+        assert set_rate_limit(s, "sub_missing", 5) is None
+        set_rate_limit(s, sub.id, 5)
+        s.commit()
+        set_rate_limit(s, sub.id, None)
+        s.commit()
+    assert subscription(database, sub.id).rate_limit is None
+
+
+@pytest.mark.parametrize("pipeline", [("redis", "postgresql")], indirect=True, ids=["redis-postgresql"])
+def test_the_limit_holds_across_real_worker_processes(
+    pipeline: Pipeline,
+    start_worker: StartWorker,
+    start_relay: StartRelay,
+    endpoints: Endpoints,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    limit, count = 4, 24
+    stopwatch = Stopwatch()
+    subscription_id = subscribe(pipeline.engine, endpoints.add("fleet", stopwatch))
+    with session(pipeline.engine) as s:
+        set_rate_limit(s, subscription_id, limit)
+        s.commit()
+    workers = [start_worker(f"worker-{n}", concurrency=4) for n in range(2)]
+    relay = start_relay()
+    for worker in workers:
+        worker.wait_ready()
+    relay.wait_ready()
+    tasks.install_enqueuer(pipeline.settings)
+
+    emit_events(pipeline.engine, count, per_transaction=count)  # one burst, handed off at once
+
+    wait_all_succeeded(pipeline.engine, count, 60, *(w.output for w in workers), relay.output)
+    assert len(stopwatch.arrivals) == count
+    show(capsys, "2 worker processes", limit, stopwatch.arrivals)
+    assert measured_rate(stopwatch.arrivals) >= 0.85 * limit
+    assert busiest_second(stopwatch.arrivals) <= limit + burst_of(limit)
+    with Session(pipeline.engine) as s:
+        assert {row.attempt_count for row in s.exec(select(Delivery))} == {1}

@@ -1,0 +1,75 @@
+"""What goes on the wire for one delivery try: the body for the transport, and signed headers.
+
+The body depends only on the event and the transport, so a batch that carries one event to
+several subscriptions encodes it once (pass a shared ``bodies`` cache). The signature depends on
+the target URL and on the moment, and is made afresh for every try: a retry hours later carries a
+new ``created``, which receivers' replay window (300 s) requires.
+
+* REST: the body is the stored event envelope, byte for byte (the event row's ``payload``).
+* JSON-RPC: a ``usp_webhook`` *notification* (no ``id``: the receiver must not answer it) whose
+  ``params`` is that same envelope. The envelope text is spliced in unchanged rather than parsed
+  and re-serialised: cheaper, and ``params`` is then exactly what a REST receiver would get.
+"""
+
+from __future__ import annotations
+
+from collections.abc import MutableMapping, Sequence
+
+from usp_receiver import SigningKey, sign_request
+from usp_schemas import WEBHOOK_METHOD
+from usp_workers.storage.models import EventView, SubscriptionView, Transport
+
+__all__ = ["CONTENT_TYPE", "USER_AGENT", "BodyCache", "build_delivery_request", "encode_body"]
+
+CONTENT_TYPE = "application/json"
+USER_AGENT = "usp-webhooks/0.1"
+
+#: Encoded bodies by (event id, transport), shared across the deliveries of one batch.
+BodyCache = MutableMapping[tuple[str, Transport], bytes]
+
+_JSONRPC_PREFIX = f'{{"jsonrpc":"2.0","method":"{WEBHOOK_METHOD}","params":'.encode()
+
+
+def build_delivery_request(
+    event: EventView,
+    subscription: SubscriptionView,
+    keys: Sequence[SigningKey],
+    *,
+    created: int,
+    delivery_id: str | None = None,
+    bodies: BodyCache | None = None,
+) -> tuple[bytes, dict[str, str]]:
+    """The body and headers of one try of ``event`` to ``subscription``, signed by ``keys``
+    (newest first: ``sig1`` is the newest key) at ``created`` (Unix seconds).
+
+    ``USP-Event-Id`` and ``USP-Delivery-Id`` are informational (handy in receivers' logs) and not
+    covered by the signature; receivers deduplicate on the signed body's ``event_id``.
+    """
+    transport = Transport(subscription.transport)
+    body = None if bodies is None else bodies.get((event.id, transport))
+    if body is None:
+        body = encode_body(event, transport)
+        if bodies is not None:
+            bodies[(event.id, transport)] = body
+    headers = {"Content-Type": CONTENT_TYPE}
+    headers |= sign_request("POST", subscription.url, headers, body, keys, created=created)
+    headers["User-Agent"] = USER_AGENT
+    headers["USP-Event-Id"] = event.id
+    if delivery_id is not None:
+        headers["USP-Delivery-Id"] = delivery_id
+    return body, headers
+
+
+def encode_body(event: EventView, transport: Transport) -> bytes:
+    """The request body carrying ``event`` over ``transport``.
+
+    >>> from usp_workers.engine.store import LoadedEvent
+    >>> encode_body(LoadedEvent("evt_1", None, '{"a":1}'), Transport.JSONRPC)
+    b'{"jsonrpc":"2.0","method":"usp_webhook","params":{"a":1}}'
+    """
+    envelope = event.payload.encode("utf-8")
+    if transport is Transport.REST:
+        return envelope
+    if transport is Transport.JSONRPC:
+        return _JSONRPC_PREFIX + envelope + b"}"
+    raise ValueError(f"unknown transport {transport!r}")

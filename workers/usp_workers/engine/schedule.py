@@ -1,0 +1,93 @@
+"""When to try a failed delivery again: the retry schedule, its jitter, and ``Retry-After``.
+
+The schedule is a list of waits, one per failed try (SPEC-NOTES: 5 s, 5 min, 30 min, 2 h, 5 h,
+10 h, 10 h); once it is used up the delivery is dead. Each wait is spread by ±``jitter`` so that
+deliveries that failed together (an endpoint's outage) do not all come back in the same second.
+A receiver's ``Retry-After`` (on 429/503) is honoured, but only within 1x to 2x the scheduled wait:
+a receiver may slow us down, not stall a delivery for days or make us hammer it.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from email.utils import parsedate_to_datetime
+
+from usp_workers.settings import Settings
+
+__all__ = ["RetrySchedule", "parse_retry_after"]
+
+
+class RetrySchedule:
+    """The waits between tries, with ±``jitter`` (a fraction) applied uniformly.
+
+    >>> schedule = RetrySchedule((5, 300), jitter=0.0)
+    >>> schedule.delay_after(1), schedule.delay_after(2), schedule.delay_after(3)
+    (5.0, 300.0, None)
+    >>> schedule.delay_after(1, retry_after=60)  # clamped to 2x the scheduled wait
+    10.0
+    """
+
+    def __init__(self, delays: Sequence[float], jitter: float, rng: random.Random | None = None) -> None:
+        if any(delay < 0 for delay in delays):
+            raise ValueError("retry delays must not be negative")
+        if not 0 <= jitter < 1:
+            raise ValueError("jitter must be a fraction in [0, 1)")
+        self.delays: tuple[float, ...] = tuple(float(delay) for delay in delays)
+        self.jitter = float(jitter)
+        # Not cryptographic: jitter only spreads load.
+        self._rng = rng if rng is not None else random.Random()  # noqa: S311
+
+    @classmethod
+    def from_settings(cls, settings: Settings, rng: random.Random | None = None) -> RetrySchedule:
+        """The schedule ``settings`` configure (``retry_schedule``, ``retry_jitter``)."""
+        return cls(settings.retry_schedule, settings.retry_jitter, rng)
+
+    @property
+    def max_tries(self) -> int:
+        """How many tries a delivery gets in all: the first plus one per wait."""
+        return len(self.delays) + 1
+
+    def delay_after(self, attempt_number: int, retry_after: float | None = None) -> float | None:
+        """Seconds until the next try after try ``attempt_number`` (1 = the first) failed, or
+        ``None`` when the schedule is used up and the delivery goes dead.
+
+        ``retry_after`` (what a 429/503 asked for) replaces the jittered wait, clamped to
+        between 1x and 2x of it.
+        """
+        if attempt_number < 1:
+            raise ValueError("attempt_number counts from 1")
+        if attempt_number > len(self.delays):
+            return None
+        scheduled = self.delays[attempt_number - 1]
+        if self.jitter:
+            scheduled *= 1 + self._rng.uniform(-self.jitter, self.jitter)
+        if retry_after is None:
+            return scheduled
+        return min(max(retry_after, scheduled), 2 * scheduled)
+
+
+def parse_retry_after(value: str | None, now: datetime) -> float | None:
+    """A ``Retry-After`` header as seconds from ``now``: delta-seconds or an HTTP-date (RFC 9110
+    §10.2.3). ``None`` when absent or unreadable; a date in the past gives 0.
+
+    >>> parse_retry_after("120", datetime(2026, 1, 1, tzinfo=UTC))
+    120.0
+    >>> parse_retry_after("Thu, 01 Jan 2026 00:01:00 GMT", datetime(2026, 1, 1, tzinfo=UTC))
+    60.0
+    >>> parse_retry_after("soon", datetime(2026, 1, 1, tzinfo=UTC)) is None
+    True
+    """
+    if value is None:
+        return None
+    text = value.strip()
+    if text.isdigit():
+        return float(text)
+    try:
+        moment = parsedate_to_datetime(text)
+    except (TypeError, ValueError, IndexError):
+        return None
+    if moment.tzinfo is None:  # "-0000" dates parse naive; HTTP-dates are GMT
+        moment = moment.replace(tzinfo=UTC)
+    return max(0.0, (moment - now).total_seconds())
