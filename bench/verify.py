@@ -10,6 +10,7 @@ body:
 * ours: digest + signature + policy (``Verifier.verify``), then the same plus reading the
   ``event_id`` and a dedupe claim+commit in memory and in Redis (a fresh id every iteration, so
   every claim is NEW — the expensive case);
+* the in-band JWS a notification on a live MCP session carries (JCS of the same event);
 * the ``standardwebhooks`` package verifying an HMAC signature of the same body;
 * ``process_once`` with memory and Redis dedupe on one event loop, ``--in-flight`` deliveries at a
   time (8 and 32 by default), as an ASGI receiver serves them.
@@ -36,7 +37,14 @@ from rich.console import Console
 from rich.table import Table
 from standardwebhooks import Webhook
 
-from usp_receiver import JWKS, SigningKey, Verifier, sign_request
+from usp_receiver import (
+    JWKS,
+    SigningKey,
+    Verifier,
+    sign_notification_params,
+    sign_request,
+    verify_notification_params,
+)
 from usp_receiver.dedupe import DedupeStore, MemoryDedupe, Processed, process_once
 from usp_receiver.dedupe.redis import RedisDedupe
 from usp_schemas import BOOKING_CONFIRMED_EXAMPLE
@@ -116,7 +124,8 @@ def main() -> None:
 
     raw_key: ed25519.Ed25519PublicKey = key.public.key  # type: ignore[assignment]
     raw_signature = key.sign(b"x" * 300)
-    verifier = Verifier(JWKS([key.public]))
+    verifier_keys = JWKS([key.public])
+    verifier = Verifier(verifier_keys)
 
     library = HTTPMessageVerifier(
         signature_algorithm=algorithms.ED25519,
@@ -170,6 +179,13 @@ def main() -> None:
         rows.append(("ours + Redis dedupe (claim+commit)", with_dedupe(redis_store)))
     except Exception as exc:  # the table still prints; the row says why it is missing
         print(f"Redis row skipped: {exc}")
+    signed_params = sign_notification_params(event, key)
+    rows.append(
+        (
+            "ours: in-band JWS of an MCP notification (usp_receiver.jose)",
+            lambda i: verify_notification_params(signed_params, verifier_keys, now=now),
+        )
+    )
     rows.append(
         ("standardwebhooks HMAC-SHA256 verify", lambda i: hooks.verify(body, std_headers, json_parse=False))
     )

@@ -27,10 +27,8 @@ verify (:class:`~usp_receiver.MalformedSignature`).
 
 from __future__ import annotations
 
-import binascii
 import copy
 import json
-import re
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -46,7 +44,8 @@ from ._errors import (
     StaleSignature,
     UnknownKey,
 )
-from ._keys import KeyResolver, PublicKey, SigningKey, b64url_encode
+from ._keys import KeyResolver, PublicKey, SigningKey
+from .jose import JOSE_ALGS, JWSError, parse_jws, sign_jws
 
 __all__ = [
     "JWS_TYP",
@@ -60,15 +59,6 @@ __all__ = [
 #: The ``typ`` of the protected header (RFC 7515 §4.1.9; ``application/`` may be prefixed).
 JWS_TYP: Final = "usp-webhook+jws"
 
-# JOSE "alg" → the key algorithm (RFC 9421 name) it requires. "Ed25519" is RFC 9864's fully
-# specified name for the same EdDSA-over-Ed25519 signature; accepting it costs nothing.
-_ALG_TO_KEY_ALG: Final[Mapping[str, str]] = {
-    "EdDSA": "ed25519",
-    "Ed25519": "ed25519",
-    "ES256": "ecdsa-p256-sha256",
-}
-_KEY_ALG_TO_ALG: Final[Mapping[str, str]] = {"ed25519": "EdDSA", "ecdsa-p256-sha256": "ES256"}
-_B64URL: Final = re.compile(r"[A-Za-z0-9_-]*")
 #: Both algorithms produce 64-byte signatures (Ed25519; r‖s for P-256).
 _SIGNATURE_LENGTH: Final = 64
 _MAX_IAT: Final = 2**53
@@ -126,21 +116,12 @@ def sign_notification_params(
     Raises ``ValueError`` for a key whose algorithm has no in-band form (only Ed25519 and P-256
     keys sign notifications), a non-object ``_meta``/``_meta.usp``, or params JCS cannot encode.
     """
-    alg = _KEY_ALG_TO_ALG.get(key.alg)
-    if alg is None:
+    if key.alg not in ("ed25519", "ecdsa-p256-sha256"):
         raise ValueError(
             f"in-band notification signatures use ed25519 or ecdsa-p256-sha256 keys, not {key.alg!r}"
         )
-    header: dict[str, Any] = {
-        "alg": alg,
-        "kid": key.kid,
-        "typ": JWS_TYP,
-        "iat": int(time.time()) if iat is None else iat,
-    }
-    encoded_header = b64url_encode(rfc8785.dumps(header))
-    payload = canonical_notification_payload(params)
-    signing_input = f"{encoded_header}.{b64url_encode(payload)}".encode("ascii")
-    signature = key.sign(signing_input)
+    header: dict[str, Any] = {"kid": key.kid, "typ": JWS_TYP, "iat": int(time.time()) if iat is None else iat}
+    token = sign_jws(header, canonical_notification_payload(params), key, detached=True)
 
     signed = copy.deepcopy(dict(params))
     meta = signed.setdefault("_meta", {})
@@ -149,7 +130,7 @@ def sign_notification_params(
     usp = meta.setdefault("usp", {})
     if not isinstance(usp, dict):
         raise ValueError("params._meta.usp must be an object")
-    usp["signature"] = f"{encoded_header}..{b64url_encode(signature)}"
+    usp["signature"] = token
     return signed
 
 
@@ -232,17 +213,6 @@ def _parse(params: Any) -> _Parsed:
     if not isinstance(token, str):
         raise MalformedSignature("_meta.usp.signature must be a string")
 
-    parts = token.split(".")
-    if len(parts) != 3:
-        raise MalformedSignature("_meta.usp.signature is not a compact JWS (three dot-separated parts)")
-    encoded_header, encoded_payload, encoded_signature = parts
-    if encoded_payload:
-        raise MalformedSignature("_meta.usp.signature must be a detached JWS (empty payload part)")
-    header = _parse_header(encoded_header)
-    signature = _strict_b64url(encoded_signature, "signature")
-    if len(signature) != _SIGNATURE_LENGTH:
-        raise MalformedSignature(f"JWS signature must be {_SIGNATURE_LENGTH} bytes, got {len(signature)}")
-
     try:
         payload = rfc8785.dumps(_strip_signature(params))
         # The handler gets what was signed, rebuilt from the signed bytes: a fresh deep copy in
@@ -250,34 +220,28 @@ def _parse(params: Any) -> _Parsed:
         canonical = json.loads(payload)
     except (ValueError, TypeError, RecursionError):
         raise MalformedSignature("notification params are not canonicalizable JSON (RFC 8785)") from None
+    try:
+        parsed = parse_jws(token, detached_payload=payload)
+    except JWSError as exc:
+        raise MalformedSignature(f"_meta.usp.signature: {exc}") from None
+    header = _checked_header(parsed.header)
+    if len(parsed.signature) != _SIGNATURE_LENGTH:
+        raise MalformedSignature(
+            f"JWS signature must be {_SIGNATURE_LENGTH} bytes, got {len(parsed.signature)}"
+        )
     return _Parsed(
         kid=header["kid"],
         alg=header["alg"],
         iat=header["iat"],
-        signing_input=f"{encoded_header}.{b64url_encode(payload)}".encode("ascii"),
-        signature=signature,
+        signing_input=parsed.signing_input,
+        signature=parsed.signature,
         params=canonical,
     )
 
 
-def _parse_header(encoded: str) -> dict[str, Any]:
-    raw = _strict_b64url(encoded, "protected header")
-    try:
-        header = json.loads(
-            raw.decode("utf-8"), object_pairs_hook=_no_duplicates, parse_constant=_no_constant
-        )
-    except (ValueError, RecursionError):
-        raise MalformedSignature("JWS protected header is not valid JSON") from None
-    if not isinstance(header, dict):
-        raise MalformedSignature("JWS protected header must be a JSON object")
-    # RFC 7515 §4.1.11: extensions listed in "crit" must be understood; this profile defines none.
-    # "b64" (RFC 7797) would change what the signature covers, so it is refused as well.
-    for member in ("crit", "b64"):
-        if member in header:
-            raise MalformedSignature(f"JWS header member {member!r} is not supported")
-    alg, kid, typ, iat = header.get("alg"), header.get("kid"), header.get("typ"), header.get("iat")
-    if not isinstance(alg, str) or alg not in _ALG_TO_KEY_ALG:
-        raise MalformedSignature(f"JWS alg must be one of {sorted(_ALG_TO_KEY_ALG)}")
+def _checked_header(header: dict[str, Any]) -> dict[str, Any]:
+    """What this profile asks of the header beyond a well-formed JWS (``alg``, no ``crit``)."""
+    kid, typ, iat = header.get("kid"), header.get("typ"), header.get("iat")
     if not isinstance(kid, str) or not kid:
         raise MalformedSignature("JWS kid must be a non-empty string")
     if not isinstance(typ, str) or typ.lower().removeprefix("application/") != JWS_TYP:
@@ -294,7 +258,7 @@ def _finish(
     """The key-dependent checks, in an order that never lets forged input pick the error."""
     if key is None:
         raise UnknownKey(f"no trusted key has kid {_short(parsed.kid)}")
-    if _ALG_TO_KEY_ALG[parsed.alg] != key.alg:
+    if JOSE_ALGS[parsed.alg] != key.alg:
         # The key names its algorithm; a header that names another is refused, never obeyed.
         raise BadSignature(f"JWS alg {parsed.alg!r} does not match key {_short(key.kid)} ({key.jose_alg})")
     if not key.verify(parsed.signature, parsed.signing_input):
@@ -332,31 +296,6 @@ def _strip_signature(params: Mapping[str, Any]) -> dict[str, Any]:
     else:
         del stripped["_meta"]
     return stripped
-
-
-def _strict_b64url(text: str, what: str) -> bytes:
-    """Unpadded base64url in its one canonical spelling: no padding, no stray characters, no
-    non-zero trailing bits (a signature with two spellings would be malleable)."""
-    if not _B64URL.fullmatch(text) or len(text) % 4 == 1:
-        raise MalformedSignature(f"JWS {what} is not unpadded base64url")
-    try:
-        data = binascii.a2b_base64(text.replace("-", "+").replace("_", "/") + "=" * (-len(text) % 4))
-    except binascii.Error:
-        raise MalformedSignature(f"JWS {what} is not unpadded base64url") from None
-    if b64url_encode(data) != text:
-        raise MalformedSignature(f"JWS {what} is not canonical base64url")
-    return data
-
-
-def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    result = dict(pairs)
-    if len(result) != len(pairs):
-        raise ValueError("duplicate member in JWS header")  # RFC 7515 §4: must reject or use last
-    return result
-
-
-def _no_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not JSON")
 
 
 def _short(text: str) -> str:

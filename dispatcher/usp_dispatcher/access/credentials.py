@@ -31,12 +31,12 @@ import rfc8785
 from sqlmodel import Session
 
 from usp_receiver import JWKS, PublicKey, SigningKey, jwk_thumbprint
+from usp_receiver.jose import JWSError, b64url, parse_jws, peek_header, sign_jws
 from usp_workers.engine.keycache import current_signing_keys
 from usp_workers.engine.keys import published_jwks
 from usp_workers.settings import Settings
 from usp_workers.storage.models import utcnow
 
-from ._jose import JWSError, b64url, parse_jws, peek_header, sign_jws
 from .errors import unauthenticated
 
 __all__ = [

@@ -17,9 +17,9 @@ from usp_dispatcher.access import (
     proof_digest,
     verify_booking_credential,
 )
-from usp_dispatcher.access._jose import parse_jws, sign_jws
 from usp_dispatcher.access.credentials import looks_like_booking_credential, proof_holds
 from usp_receiver import SigningKey, jwk_thumbprint
+from usp_receiver.jose import parse_jws, sign_jws
 from usp_workers.engine import keys
 from usp_workers.settings import Settings
 from usp_workers.storage.models import utcnow
