@@ -1,7 +1,8 @@
-"""The module map of docs/architecture.md, generated from the module docstrings.
+"""The parts of the docs generated from the code: the module map of docs/architecture.md (from the
+module docstrings) and the README's settings tables (from the settings classes).
 
-``uv run python -m tests.architecture --write`` rewrites it; ``tests/test_docs.py`` fails when
-the page and the code differ (a module added, moved or described anew).
+``uv run python -m tests.generated_docs --write`` rewrites them; ``tests/test_docs.py`` fails when
+the docs and the code differ.
 """
 
 from __future__ import annotations
@@ -11,8 +12,14 @@ import re
 import sys
 from pathlib import Path
 
+from pydantic_settings import BaseSettings
+
+from usp_dispatcher.ucap.settings import UcapSettings
+from usp_workers.settings import Settings
+
 ROOT = Path(__file__).resolve().parents[1]
 PAGE = ROOT / "docs" / "architecture.md"
+README = ROOT / "README.md"
 PACKAGES = (
     ("schemas", "usp_schemas"),
     ("receiver", "usp_receiver"),
@@ -20,6 +27,7 @@ PACKAGES = (
     ("dispatcher", "usp_dispatcher"),
 )
 BEGIN, END = "<!-- module map: begin -->", "<!-- module map: end -->"
+SETTINGS_TABLES: dict[str, type[BaseSettings]] = {"settings": Settings, "content settings": UcapSettings}
 
 
 def summary(path: Path) -> str:
@@ -49,14 +57,52 @@ def module_map() -> str:
     return "\n".join(parts)
 
 
+def settings_table(settings: type[BaseSettings]) -> str:
+    """Every field of ``settings`` as ``| USP_NAME | default | description |``."""
+    rows = ["| variable | default | what it does |", "|---|---|---|"]
+    for name, field in settings.model_fields.items():
+        default = _spelled(field.default)
+        cells = (f"`USP_{name.upper()}`", f"`{default}`" if default else "", field.description or "")
+        rows.append("|" + "|".join(f" {cell} " if cell else " " for cell in cells) + "|")
+    return "\n".join(rows) + "\n"
+
+
+def _spelled(value: object) -> str:
+    """A default as its environment variable would spell it."""
+    if value is None:
+        return ""
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    if isinstance(value, tuple):
+        return ",".join(_spelled(item) for item in value)
+    return str(value)
+
+
+def _between(text: str, begin: str, end: str, content: str) -> str:
+    head, found, rest = text.partition(begin)
+    if not found:
+        raise ValueError(f"no {begin} marker")
+    _, found, tail = rest.partition(end)
+    if not found:
+        raise ValueError(f"no {end} marker")
+    return f"{head}{begin}\n{content}{end}{tail}"
+
+
 def rendered(page: str) -> str:
-    """``page`` with its module map replaced by the current one."""
-    head, _, rest = page.partition(BEGIN)
-    _, _, tail = rest.partition(END)
-    return f"{head}{BEGIN}\n{module_map()}{END}{tail}"
+    """docs/architecture.md's text ``page`` with its module map replaced by the current one."""
+    return _between(page, BEGIN, END, module_map())
+
+
+def rendered_readme(readme: str) -> str:
+    """The README's text with its settings tables replaced by the current ones."""
+    for name, settings in SETTINGS_TABLES.items():
+        begin, end = f"<!-- {name}: begin -->", f"<!-- {name}: end -->"
+        readme = _between(readme, begin, end, settings_table(settings))
+    return readme
 
 
 if __name__ == "__main__":
     if sys.argv[1:] != ["--write"]:
-        sys.exit("usage: python -m tests.architecture --write")
+        sys.exit("usage: python -m tests.generated_docs --write")
     PAGE.write_text(rendered(PAGE.read_text()))
+    README.write_text(rendered_readme(README.read_text()))

@@ -91,10 +91,11 @@ class Settings(BaseSettings):
     handoff_interval_seconds: float = Field(
         default=0.03,
         ge=0,
-        description="while messages wait in the broker that no worker has taken (the workers are "
-        "behind), a commit's deliveries wait up to this long to go with the commits made meanwhile "
-        "(fuller tasks cost less CPU; a full batch never waits); otherwise they go at once; 0: every "
-        "commit publishes on the committing thread",
+        description="while messages wait in the broker that no worker has taken (the workers are behind), a "
+        "commit's deliveries wait up to this long to go with the commits made meanwhile (fuller "
+        "tasks cost less CPU; a full batch never waits); otherwise they go at once; a process "
+        "that dies meanwhile loses nothing (the relay re-sends after "
+        "`USP_REQUEUE_AFTER_SECONDS`); 0: every commit publishes on the committing thread",
     )
     per_endpoint_concurrency: int = Field(
         default=8, ge=1, description="concurrent requests to one endpoint per worker"
@@ -112,14 +113,14 @@ class Settings(BaseSettings):
     health_write_interval_seconds: float = Field(
         default=5.0,
         ge=0,
-        description="a healthy subscription's last_success_at is written at most this often (its row is not "
-        "updated on every delivery)",
+        description="a healthy subscription's `last_success_at` is written at most this often (its row is not"
+        " updated on every delivery)",
     )
     auto_disable_after_seconds: float = Field(
         default=432000.0,
         gt=0,
-        description="a subscription whose deliveries failed continuously this long (from the first "
-        "failure after its last success) is disabled (default 5 days)",
+        description="a subscription whose deliveries failed continuously this long (5 days, counted from the "
+        "first failure after its last success) is disabled",
     )
     breaker_threshold: int = Field(
         default=10,
@@ -143,33 +144,34 @@ class Settings(BaseSettings):
     )
     metrics_public: bool = Field(
         default=False,
-        description="serve GET /metrics without the admin token (only on a private network)",
+        description="serve `GET /metrics` without the admin token (only on a private network)",
     )
     metrics_window_seconds: float = Field(
         default=300.0,
         gt=0,
-        description="the attempt latency histogram on /metrics covers the attempts of this many last seconds",
+        description="the attempt latency histogram on `/metrics` covers the attempts of this many last "
+        "seconds",
     )
     log_format: Literal["text", "json"] = Field(
         default="text",
-        description="text, or json: one JSON object per line with event_id, delivery_id, subscription_id, "
-        "correlation_id (api, worker, scheduler)",
+        description="`text`, or `json`: one JSON object per line with `event_id`, `delivery_id`, "
+        "`subscription_id`, `correlation_id` (api, worker, scheduler)",
     )
 
     require_authentication: bool = Field(
         default=True,
         description="privileged MCP tools refuse callers that did not authenticate (false: anonymous "
-        "platforms may book, bound to their _meta.usp.profile only)",
+        "platforms may book, bound to their `_meta.usp.profile` only)",
     )
     auth_mechanisms: Annotated[
         tuple[Literal["bearer", "http_message_signatures", "booking_scoped_credential"], ...], NoDecode
     ] = Field(
         default=("bearer", "http_message_signatures", "booking_scoped_credential"),
         description="authentication mechanisms offered to platforms, comma-separated (published in "
-        "/.well-known/usp); the admin token is always accepted",
+        "`/.well-known/usp`); the admin token is always accepted",
     )
     booking_credential_ttl_seconds: int = Field(
-        default=2_592_000, gt=0, description="lifetime of an issued booking_scoped_credential (30 days)"
+        default=2_592_000, gt=0, description="lifetime of an issued `booking_scoped_credential` (30 days)"
     )
     mcp_session_idle_seconds: float = Field(
         default=300.0,

@@ -22,27 +22,51 @@ class UcapSettings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix="USP_", env_file=".env", extra="ignore")
 
-    publisher_id: str = Field(default="usp-webhooks-demo", description="this server's UCAP publisher id")
-    publisher_name: str = Field(default="usp-webhooks demo publisher")
-    stripe_api_key: SecretStr | None = Field(default=None, description="sk_… (enables Stripe Checkout)")
-    stripe_webhook_secret: SecretStr | None = Field(default=None, description="whsec_… for Stripe-Signature")
-    stripe_api_base: str | None = Field(default=None, description="another Stripe API host (tests)")
-    x402_facilitator_url: str | None = Field(default=None, description="an x402 facilitator's base URL")
-    x402_network: str = Field(default="base-sepolia")
+    publisher_id: str = Field(
+        default="usp-webhooks-demo",
+        description="this server's UCAP publisher id (in `/.well-known/ucap.json`)",
+    )
+    publisher_name: str = Field(default="usp-webhooks demo publisher", description="its display name")
+    stripe_api_key: SecretStr | None = Field(
+        default=None,
+        description='Stripe secret key; with `USP_STRIPE_WEBHOOK_SECRET`, `payment_method: "stripe"` opens '
+        "Stripe Checkout sessions (else the sandbox checkout page)",
+    )
+    stripe_webhook_secret: SecretStr | None = Field(
+        default=None,
+        description="`whsec_…`: `POST /ucap/stripe/webhook` grants only on a `checkout.session.completed` "
+        "whose `Stripe-Signature` verifies",
+    )
+    stripe_api_base: str | None = Field(
+        default=None, description="another Stripe API host (a local stand-in)"
+    )
+    x402_facilitator_url: str | None = Field(
+        default=None,
+        description="an x402 facilitator (`/verify`, `/settle`); unset: the built-in sandbox facilitator",
+    )
+    x402_network: str = Field(default="base-sepolia", description="the network USDC payments are asked on")
     x402_asset: str = Field(
-        default="0x036CbD53842c5426634e7929541eC2318f3dCF7e", description="USDC's contract on the network"
+        default="0x036CbD53842c5426634e7929541eC2318f3dCF7e", description="USDC's contract there"
     )
     x402_pay_to: str = Field(
         default="0x209693Bc6afc0C5328bA36FaF03C514EF312287C", description="the business's receiving address"
     )
     checkout_ttl_seconds: int = Field(
-        default=3600, ge=60, description="how long a checkout session stays open"
+        default=3600, ge=60, description="how long a checkout session (and an offer's link) stays open"
     )
     checkout_secret: SecretStr | None = Field(
-        default=None, description="signs offers' checkout links (default: derived from the admin token)"
+        default=None,
+        description="signs the 402's offer links; unset: derived from the admin token "
+        "(else random per process)",
     )
-    max_body_bytes: int = Field(default=64 * 1024, ge=1024, description="largest /v1 request body")
-    rate_limit_per_minute: int = Field(default=600, ge=1, description="/v1 requests per agent and minute")
+    max_body_bytes: int = Field(
+        default=64 * 1024, ge=1024, description="the largest `/v1` request body (413 beyond)"
+    )
+    rate_limit_per_minute: int = Field(
+        default=600,
+        ge=1,
+        description="`/v1` requests per agent per minute, per API process (429 with `Retry-After` beyond)",
+    )
 
     @property
     def stripe_enabled(self) -> bool:
