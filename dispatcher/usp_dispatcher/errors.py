@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-__all__ = ["Conflict", "DispatcherError", "NotFound", "Refused"]
+__all__ = ["Conflict", "DispatcherError", "NotFound", "Refused", "TooSoon"]
 
 
 class DispatcherError(Exception):
@@ -34,3 +34,11 @@ class Conflict(DispatcherError):
 class Refused(DispatcherError):
     """The request is well-formed but not acceptable: a private target, an unknown event type,
     a profile without a webhook URL (HTTP 422)."""
+
+
+class TooSoon(DispatcherError):
+    """Asked again before it may be (HTTP 429 with ``Retry-After``): ``retry_after`` seconds."""
+
+    def __init__(self, reason: str, detail: str, *, retry_after: int) -> None:
+        super().__init__(reason, detail)
+        self.retry_after = retry_after

@@ -18,8 +18,8 @@ from usp_workers.operations import probe
 from usp_workers.settings import Settings
 from usp_workers.storage.models import ProbeRun, Transport
 
+from .errors import TooSoon
 from .feed import check_url
-from .problems import HTTPProblem
 
 __all__ = ["INTERVAL_SECONDS", "cases_of", "run"]
 
@@ -42,12 +42,10 @@ async def run(
     moment = time.monotonic()
     last = _last.get(url)
     if last is not None and moment - last < INTERVAL_SECONDS:
-        raise HTTPProblem(
-            429,
+        raise TooSoon(
             "probe_rate_limited",
-            "Too many requests",
             f"this target was probed {moment - last:.0f} s ago",
-            headers={"Retry-After": str(int(INTERVAL_SECONDS - (moment - last)) + 1)},
+            retry_after=int(INTERVAL_SECONDS - (moment - last)) + 1,
         )
     _last[url] = moment
     keys = await run_in_threadpool(current_signing_keys, session.get_bind().engine, settings)

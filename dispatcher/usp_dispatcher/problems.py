@@ -23,7 +23,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from usp_receiver import problem_outcome
 from usp_workers.engine.outage import Outage, database_unavailable
 
-from .errors import Conflict, DispatcherError, NotFound, Refused
+from .errors import Conflict, DispatcherError, NotFound, Refused, TooSoon
 
 __all__ = [
     "PROBLEM_MEDIA_TYPE",
@@ -38,11 +38,12 @@ logger = logging.getLogger("usp_dispatcher")
 
 PROBLEM_MEDIA_TYPE = "application/problem+json"
 
-_STATUS_OF: dict[type[DispatcherError], int] = {NotFound: 404, Conflict: 409, Refused: 422}
+_STATUS_OF: dict[type[DispatcherError], int] = {NotFound: 404, Conflict: 409, Refused: 422, TooSoon: 429}
 _TITLE_OF: dict[type[DispatcherError], str] = {
     NotFound: "Not found",
     Conflict: "Conflict",
     Refused: "Request refused",
+    TooSoon: "Too many requests",
 }
 # Starlette's own HTTP errors (unknown route, wrong method ...): a reason per status.
 _HTTP_REASONS = {
@@ -121,7 +122,10 @@ async def _on_http_problem(_request: Request, exc: HTTPProblem) -> JSONResponse:
 
 async def _on_dispatcher_error(_request: Request, exc: DispatcherError) -> JSONResponse:
     kind = next((k for k in _STATUS_OF if isinstance(exc, k)), Refused)
-    return problem_response(_STATUS_OF[kind], exc.reason, _TITLE_OF[kind], exc.detail, extra=exc.extra)
+    headers = {"Retry-After": str(exc.retry_after)} if isinstance(exc, TooSoon) else None
+    return problem_response(
+        _STATUS_OF[kind], exc.reason, _TITLE_OF[kind], exc.detail, headers=headers, extra=exc.extra
+    )
 
 
 async def _on_request_validation(_request: Request, exc: RequestValidationError) -> JSONResponse:

@@ -21,8 +21,7 @@ from usp_workers.storage.models import Subscription, Transport
 
 from .. import probes
 from ..deps import ResolverDep, SessionDep, SettingsDep
-from ..errors import DispatcherError
-from ..problems import HTTPProblem
+from ..errors import DispatcherError, TooSoon
 from ..samples import sample_event
 from . import session as login
 from .session import Login
@@ -205,8 +204,8 @@ async def probe_subscription(
     who = f"platform {portal.subject} (portal)"
     try:
         run = await probes.run(db, settings, row.url, Transport(row.transport), actor=who, resolver=resolver)
-    except (HTTPProblem, DispatcherError) as exc:
-        status = exc.status if isinstance(exc, HTTPProblem) else 422
+    except DispatcherError as exc:
+        status = 429 if isinstance(exc, TooSoon) else 422
         return await _subscription_page(
             request, db, portal, subscription_id, problem=exc.detail, status_code=status
         )
