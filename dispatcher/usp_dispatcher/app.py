@@ -18,25 +18,24 @@ from fastapi import FastAPI
 from opentelemetry.instrumentation.fastapi import FastAPIInstrumentor
 from sqlalchemy.engine import Engine
 
+from usp_dispatcher import console, database
+from usp_dispatcher.domain import ensure_demo_catalog
+from usp_dispatcher.intake import Intake
+from usp_dispatcher.mcp.http import MCP_PATH, mount_mcp
+from usp_dispatcher.problems import install_problem_handlers
+from usp_dispatcher.request_guard import RefuseNul
+from usp_dispatcher.routes import admin, discovery, events, feed, health, scheduling, wellknown
+from usp_dispatcher.routes import metrics as metrics_routes
+from usp_dispatcher.routes import ucap as ucap_routes
+from usp_dispatcher.ucap.seed import ensure_demo_content
+from usp_dispatcher.ucap.service import UcapService
+from usp_dispatcher.ucap.settings import UcapSettings
 from usp_workers.engine import keys, tracing
 from usp_workers.runtime import tasks
 from usp_workers.runtime.heap import freeze_startup_heap
 from usp_workers.runtime.logs import configure_logging
 from usp_workers.settings import Settings
 from usp_workers.storage import db
-
-from . import console, database
-from .domain import ensure_demo_catalog
-from .intake import Intake
-from .mcp.http import MCP_PATH, mount_mcp
-from .problems import install_problem_handlers
-from .request_guard import RefuseNul
-from .routes import admin, discovery, events, feed, health, scheduling, wellknown
-from .routes import metrics as metrics_routes
-from .routes import ucap as ucap_routes
-from .ucap.seed import ensure_demo_content
-from .ucap.service import UcapService
-from .ucap.settings import UcapSettings
 
 __all__ = ["create_app"]
 

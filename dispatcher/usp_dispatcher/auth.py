@@ -13,8 +13,8 @@ from typing import Annotated
 from fastapi import Depends
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
-from .deps import SettingsDep
-from .problems import HTTPProblem
+from usp_dispatcher.deps import SettingsDep
+from usp_dispatcher.problems import HTTPProblem
 
 __all__ = ["AdminDep", "require_admin"]
 

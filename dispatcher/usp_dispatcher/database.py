@@ -13,9 +13,8 @@ from pathlib import Path
 
 from sqlalchemy.engine import Engine
 
+from usp_dispatcher.ucap import tables as _content_tables  # noqa: F401  (the ucap_* tables join the domain's metadata)
 from usp_workers.storage import db
-
-from .ucap import tables as _content_tables  # noqa: F401  (the ucap_* tables join the domain's metadata)
 
 __all__ = ["MIGRATIONS", "upgrade"]
 

@@ -33,14 +33,13 @@ import httpx
 import sqlalchemy as sa
 from sqlmodel import Session, col, select
 
+from usp_dispatcher.errors import NotFound, Refused
 from usp_schemas import EVENT_TYPES
 from usp_workers.engine.ssrf import ResolvedTarget, Resolver, TargetRefused, check_target
 from usp_workers.operations import DELETED
 from usp_workers.settings import Settings
 from usp_workers.storage import db
 from usp_workers.storage.models import OnDead, Ordering, Subscription, SubscriptionState, Transport, utcnow
-
-from .errors import NotFound, Refused
 
 __all__ = [
     "ANY_PROFILE",

@@ -24,11 +24,10 @@ from datetime import datetime, timedelta
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
+from usp_dispatcher.domain import expire_offers, forget_idempotency_keys
 from usp_workers.settings import Settings
 from usp_workers.storage import db
 from usp_workers.storage.models import utcnow
-
-from .domain import expire_offers, forget_idempotency_keys
 
 __all__ = ["IDEMPOTENCY_RETENTION", "HousekeepingReport", "housekeeping_once", "housekeeping_thread"]
 

@@ -23,12 +23,11 @@ from fastapi.concurrency import run_in_threadpool
 from sqlalchemy.engine import Engine
 from sqlmodel import Session, col, func, select
 
+from usp_dispatcher.errors import Conflict
 from usp_schemas import EventValidationError, WebhookEvent, parse_event
 from usp_workers.engine.outbox import emit, unflushed_deliveries
 from usp_workers.storage import db
 from usp_workers.storage.models import Delivery, EventRecord
-
-from .errors import Conflict
 
 __all__ = ["Intake", "Outcome", "Status", "accept_events"]
 

@@ -11,15 +11,14 @@ from typing import Any, Final
 from fastapi.concurrency import run_in_threadpool
 from sqlmodel import Session
 
+from usp_dispatcher.errors import TooSoon
+from usp_dispatcher.feed import check_url
 from usp_workers.engine.keycache import current_signing_keys
 from usp_workers.engine.ssrf import Resolver
 from usp_workers.engine.transport import make_client
 from usp_workers.operations import probe
 from usp_workers.settings import Settings
 from usp_workers.storage.models import ProbeRun, Transport
-
-from .errors import TooSoon
-from .feed import check_url
 
 __all__ = ["INTERVAL_SECONDS", "cases_of", "run"]
 

@@ -20,10 +20,9 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from usp_dispatcher.errors import Conflict, DispatcherError, NotFound, Refused, TooSoon
 from usp_receiver import problem_outcome
 from usp_workers.engine.outage import Outage, database_unavailable
-
-from .errors import Conflict, DispatcherError, NotFound, Refused, TooSoon
 
 __all__ = [
     "PROBLEM_MEDIA_TYPE",

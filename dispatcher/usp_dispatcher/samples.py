@@ -6,9 +6,8 @@ import json
 from datetime import UTC, datetime
 from typing import Any
 
+from usp_dispatcher.ucap.samples import content_sample
 from usp_schemas import BOOKING_CONFIRMED_EXAMPLE, EVENT_TYPES, new_event_id, parse_event
-
-from .ucap.samples import content_sample
 
 __all__ = ["sample_event"]
 

@@ -40,12 +40,11 @@ import httpx
 from kombu.utils.url import maybe_sanitize_url
 from rich.console import Console
 
+from usp_dispatcher import database
 from usp_workers.engine import keys
 from usp_workers.runtime.celery_app import make_celery, prepare_broker
 from usp_workers.settings import Settings
 from usp_workers.storage import db
-
-from . import database
 
 __all__ = ["READY_TIMEOUT", "STOP_TIMEOUT", "Child", "child_environment", "display_host", "run_up"]
 

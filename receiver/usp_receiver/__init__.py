@@ -12,8 +12,8 @@ See the README's quick start. Errors are one hierarchy rooted at :class:`Receive
 with a stable ``reason`` code.
 """
 
-from ._digest import check_content_digest, content_digest
-from ._errors import (
+from usp_receiver._digest import check_content_digest, content_digest
+from usp_receiver._errors import (
     BadSignature,
     DigestMismatch,
     DuplicateEvent,
@@ -30,8 +30,8 @@ from ._errors import (
     UnknownKey,
     VerificationError,
 )
-from ._jwks import JWKS, KeyRing, RemoteJWKS
-from ._jws import (
+from usp_receiver._jwks import JWKS, KeyRing, RemoteJWKS
+from usp_receiver._jws import (
     JWS_TYP,
     VerifiedNotification,
     averify_notification_params,
@@ -39,10 +39,10 @@ from ._jws import (
     sign_notification_params,
     verify_notification_params,
 )
-from ._keys import DEFAULT_ALGORITHMS, KeyResolver, PublicKey, SigningKey, jwk_thumbprint
-from ._receive import Outcome, ReceivedWebhook, WebhookReceiver, problem_outcome
-from ._sign import SignedMember, sign_message, sign_request
-from ._verify import PROFILE_COMPONENTS, USP_TAG, VerificationPolicy, Verified, Verifier
+from usp_receiver._keys import DEFAULT_ALGORITHMS, KeyResolver, PublicKey, SigningKey, jwk_thumbprint
+from usp_receiver._receive import Outcome, ReceivedWebhook, WebhookReceiver, problem_outcome
+from usp_receiver._sign import SignedMember, sign_message, sign_request
+from usp_receiver._verify import PROFILE_COMPONENTS, USP_TAG, VerificationPolicy, Verified, Verifier
 
 __all__ = [
     "DEFAULT_ALGORITHMS",

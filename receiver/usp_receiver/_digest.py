@@ -13,7 +13,7 @@ import hashlib
 
 from http_message_signatures import ContentDigest, HTTPMessageSignaturesException
 
-from ._errors import DigestMismatch
+from usp_receiver._errors import DigestMismatch
 
 __all__ = ["check_content_digest", "content_digest"]
 

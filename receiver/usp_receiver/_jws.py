@@ -36,7 +36,7 @@ from typing import Any, Final
 
 import rfc8785
 
-from ._errors import (
+from usp_receiver._errors import (
     BadSignature,
     FutureSignature,
     MalformedSignature,
@@ -44,8 +44,8 @@ from ._errors import (
     StaleSignature,
     UnknownKey,
 )
-from ._keys import KeyResolver, PublicKey, SigningKey
-from .jose import JOSE_ALGS, JWSError, parse_jws, sign_jws
+from usp_receiver._keys import KeyResolver, PublicKey, SigningKey
+from usp_receiver.jose import JOSE_ALGS, JWSError, parse_jws, sign_jws
 
 __all__ = [
     "JWS_TYP",

@@ -23,10 +23,10 @@ from http_message_signatures import (
     InvalidSignature,
 )
 
-from ._errors import BadSignature, MalformedSignature, MissingComponent, VerificationError
-from ._keys import PublicKey
-from ._message import HttpRequest
-from ._sigbase import SignatureEntry
+from usp_receiver._errors import BadSignature, MalformedSignature, MissingComponent, VerificationError
+from usp_receiver._keys import PublicKey
+from usp_receiver._message import HttpRequest
+from usp_receiver._sigbase import SignatureEntry
 
 __all__ = ["library_prepare", "library_signature_base", "library_verify"]
 

@@ -24,12 +24,11 @@ from typing import Any, assert_never
 import anyio.to_thread
 from pydantic import ValidationError
 
+from usp_receiver._errors import KeyFetchError, ReceiverError, VerificationError
+from usp_receiver._message import HeadersInput
+from usp_receiver._verify import Verified, Verifier
+from usp_receiver.dedupe import DedupeStore, MemoryDedupe, Processed, process_once
 from usp_schemas import EventValidationError, ProbeEvent, WebhookEvent, parse_event
-
-from ._errors import KeyFetchError, ReceiverError, VerificationError
-from ._message import HeadersInput
-from ._verify import Verified, Verifier
-from .dedupe import DedupeStore, MemoryDedupe, Processed, process_once
 
 __all__ = [
     "PROBLEM_TYPE_BASE",

@@ -20,8 +20,8 @@ from typing import Any, NamedTuple
 import http_sf
 from http_sf.compat import Dictionary, InnerList, Item
 
-from ._errors import MalformedSignature, MissingComponent
-from ._message import HttpRequest
+from usp_receiver._errors import MalformedSignature, MissingComponent
+from usp_receiver._message import HttpRequest
 
 __all__ = [
     "KNOWN_PARAMETERS",

@@ -14,12 +14,12 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ._digest import content_digest
-from ._keys import SigningKey
-from ._library import library_prepare
-from ._message import HeadersInput, HttpRequest
-from ._sigbase import SignatureEntry, fast_signature_base, parse_url_fast
-from ._verify import PROFILE_COMPONENTS, USP_TAG
+from usp_receiver._digest import content_digest
+from usp_receiver._keys import SigningKey
+from usp_receiver._library import library_prepare
+from usp_receiver._message import HeadersInput, HttpRequest
+from usp_receiver._sigbase import SignatureEntry, fast_signature_base, parse_url_fast
+from usp_receiver._verify import PROFILE_COMPONENTS, USP_TAG
 
 __all__ = ["SignedMember", "sign_message", "sign_request"]
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Iterable
 
-from ._receive import Outcome
+from usp_receiver._receive import Outcome
 
 try:
     from opentelemetry import trace

@@ -12,8 +12,8 @@ import re
 import time
 from dataclasses import dataclass, field
 
-from ._digest import check_content_digest
-from ._errors import (
+from usp_receiver._digest import check_content_digest
+from usp_receiver._errors import (
     BadSignature,
     ExpiredSignature,
     FutureSignature,
@@ -25,10 +25,10 @@ from ._errors import (
     UnknownKey,
     VerificationError,
 )
-from ._keys import DEFAULT_ALGORITHMS, KeyResolver, PublicKey
-from ._library import library_signature_base, library_verify
-from ._message import HeadersInput, HttpRequest
-from ._sigbase import (
+from usp_receiver._keys import DEFAULT_ALGORITHMS, KeyResolver, PublicKey
+from usp_receiver._library import library_signature_base, library_verify
+from usp_receiver._message import HeadersInput, HttpRequest
+from usp_receiver._sigbase import (
     KNOWN_PARAMETERS,
     SignatureEntry,
     UrlParts,

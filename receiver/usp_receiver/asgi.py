@@ -16,8 +16,8 @@ from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable, Mutab
 from contextlib import aclosing
 from typing import Any
 
-from ._receive import Outcome, WebhookReceiver, problem_outcome
-from ._url import check_public_url, request_url
+from usp_receiver._receive import Outcome, WebhookReceiver, problem_outcome
+from usp_receiver._url import check_public_url, request_url
 
 __all__ = ["DEFAULT_MAX_BODY_BYTES", "WebhookApp"]
 

@@ -22,13 +22,13 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, NoReturn, TypeVar
 
-from ._digest import check_content_digest
-from ._errors import KeyFetchError, ReceiverError, VerificationError
-from ._jwks import JWKS, RemoteJWKS
-from ._keys import KeyResolver, SigningKey
-from ._rawhttp import RawRequest, RawRequestError, parse_request
-from ._sign import sign_request
-from ._verify import USP_TAG, VerificationPolicy, Verified, Verifier
+from usp_receiver._digest import check_content_digest
+from usp_receiver._errors import KeyFetchError, ReceiverError, VerificationError
+from usp_receiver._jwks import JWKS, RemoteJWKS
+from usp_receiver._keys import KeyResolver, SigningKey
+from usp_receiver._rawhttp import RawRequest, RawRequestError, parse_request
+from usp_receiver._sign import sign_request
+from usp_receiver._verify import USP_TAG, VerificationPolicy, Verified, Verifier
 
 if TYPE_CHECKING:
     import typer

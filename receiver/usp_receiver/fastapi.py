@@ -21,10 +21,10 @@ try:
 except ImportError as exc:  # pragma: no cover - exercised only without the extra installed
     raise ImportError("usp_receiver.fastapi needs FastAPI: install usp-receiver[fastapi]") from exc
 
-from ._receive import PROBLEM_TYPE_BASE, Outcome, WebhookReceiver
-from ._tracing import traced
-from ._url import check_public_url, request_url
-from .asgi import DEFAULT_MAX_BODY_BYTES, declared_length, payload_too_large, read_limited
+from usp_receiver._receive import PROBLEM_TYPE_BASE, Outcome, WebhookReceiver
+from usp_receiver._tracing import traced
+from usp_receiver._url import check_public_url, request_url
+from usp_receiver.asgi import DEFAULT_MAX_BODY_BYTES, declared_length, payload_too_large, read_limited
 
 __all__ = ["webhook_router"]
 

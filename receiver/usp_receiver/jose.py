@@ -13,7 +13,7 @@ from typing import Any, Final
 
 import rfc8785
 
-from ._keys import PublicKey, SigningKey, b64url_encode
+from usp_receiver._keys import PublicKey, SigningKey, b64url_encode
 
 __all__ = [
     "JOSE_ALGS",

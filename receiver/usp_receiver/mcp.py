@@ -46,12 +46,11 @@ try:
 except ImportError as exc:  # pragma: no cover - exercised only without the extra installed
     raise ImportError("usp_receiver.mcp needs the official MCP SDK: install usp-receiver[mcp]") from exc
 
+from usp_receiver._errors import InvalidEvent, ReceiverError
+from usp_receiver._jws import VerifiedNotification, averify_notification_params
+from usp_receiver._keys import KeyResolver
+from usp_receiver.dedupe import DedupeStore, Processed, process_once
 from usp_schemas import EventValidationError, WebhookEvent, parse_event
-
-from ._errors import InvalidEvent, ReceiverError
-from ._jws import VerifiedNotification, averify_notification_params
-from ._keys import KeyResolver
-from .dedupe import DedupeStore, Processed, process_once
 
 __all__ = [
     "EXTENSION_IDENTIFIER",

@@ -8,7 +8,7 @@ from these models (``python -m usp_schemas.generate``), so the two cannot disagr
 'Alice'
 """
 
-from ._content import (
+from usp_schemas._content import (
     AgentRef,
     ContentSubscription,
     ContentSubscriptionStatus,
@@ -21,8 +21,8 @@ from ._content import (
     Publication,
     Tier,
 )
-from ._event_id import event_id_millis, new_event_id
-from ._events import (
+from usp_schemas._event_id import event_id_millis, new_event_id
+from usp_schemas._events import (
     BOOKING_CONFIRMED_EXAMPLE,
     EVENT_TYPES,
     AvailabilityChanged,
@@ -60,7 +60,7 @@ from ._events import (
     WebhookEvent,
     parse_event,
 )
-from ._jsonrpc import (
+from usp_schemas._jsonrpc import (
     ERROR_CODE_WORDS,
     FORBIDDEN,
     INTERNAL_ERROR,
@@ -76,7 +76,7 @@ from ._jsonrpc import (
     WebhookNotification,
     notification_for,
 )
-from ._mcp import (
+from usp_schemas._mcp import (
     BOOKING_NOT_FOUND,
     IDEMPOTENCY_CONFLICT,
     INVALID_STATE_TRANSITION,
@@ -90,7 +90,7 @@ from ._mcp import (
     ToolResult,
     UspMeta,
 )
-from ._payloads import (
+from usp_schemas._payloads import (
     AvailabilityChange,
     Booking,
     BookingState,
@@ -106,9 +106,9 @@ from ._payloads import (
     WaitlistEntry,
     WaitlistState,
 )
-from ._probe import PROBE_EVENT, PROBE_HEADER, ProbeData, ProbeEvent
-from ._types import EVENT_ID_PATTERN
-from ._version import USP_VERSION, UspVersion
+from usp_schemas._probe import PROBE_EVENT, PROBE_HEADER, ProbeData, ProbeEvent
+from usp_schemas._types import EVENT_ID_PATTERN
+from usp_schemas._version import USP_VERSION, UspVersion
 
 __all__ = [
     "BOOKING_CONFIRMED_EXAMPLE",

@@ -12,8 +12,8 @@ from typing import Annotated, Literal
 
 from pydantic import Field, StringConstraints
 
-from ._base import WireModel
-from ._types import UtcTimestamp
+from usp_schemas._base import WireModel
+from usp_schemas._types import UtcTimestamp
 
 __all__ = [
     "AgentRef",

@@ -16,8 +16,8 @@ from typing import Annotated, Any, ClassVar, Literal, Self, TypeAlias, get_args
 from pydantic import ConfigDict, Field, TypeAdapter, ValidationError, model_validator
 from pydantic_core import ErrorDetails
 
-from ._base import WireModel, always_sent
-from ._content import (
+from usp_schemas._base import WireModel, always_sent
+from usp_schemas._content import (
     ContentSubscription,
     ContentSubscriptionStatus,
     Entitlement,
@@ -27,9 +27,16 @@ from ._content import (
     Publication,
     PublicationId,
 )
-from ._payloads import AvailabilityChange, Booking, BookingState, Service, WaitlistEntry, WaitlistState
-from ._types import BookingId, EventId, ServiceId, UtcTimestamp, WaitlistEntryId
-from ._version import USP_VERSION, UspVersion
+from usp_schemas._payloads import (
+    AvailabilityChange,
+    Booking,
+    BookingState,
+    Service,
+    WaitlistEntry,
+    WaitlistState,
+)
+from usp_schemas._types import BookingId, EventId, ServiceId, UtcTimestamp, WaitlistEntryId
+from usp_schemas._version import USP_VERSION, UspVersion
 
 __all__ = [
     "BOOKING_CONFIRMED_EXAMPLE",

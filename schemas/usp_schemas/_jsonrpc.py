@@ -10,8 +10,8 @@ from typing import Any, Final, Literal
 
 from pydantic import ConfigDict, Field
 
-from ._base import WireModel, always_sent
-from ._events import EventEnvelope
+from usp_schemas._base import WireModel, always_sent
+from usp_schemas._events import EventEnvelope
 
 __all__ = [
     "ERROR_CODE_WORDS",

@@ -10,9 +10,9 @@ from typing import Final, Literal
 
 from pydantic import ConfigDict, Field
 
-from ._base import WireModel, always_sent
-from ._payloads import Message
-from ._version import USP_VERSION
+from usp_schemas._base import WireModel, always_sent
+from usp_schemas._payloads import Message
+from usp_schemas._version import USP_VERSION
 
 __all__ = [
     "BOOKING_NOT_FOUND",

@@ -11,8 +11,8 @@ from typing import Literal, Self
 
 from pydantic import Field, model_validator
 
-from ._base import WireModel
-from ._types import BookingId, IsoDuration, Rfc3339Datetime, ServiceId, SlotId, WaitlistEntryId
+from usp_schemas._base import WireModel
+from usp_schemas._types import BookingId, IsoDuration, Rfc3339Datetime, ServiceId, SlotId, WaitlistEntryId
 
 __all__ = [
     "AvailabilityChange",

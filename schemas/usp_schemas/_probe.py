@@ -12,8 +12,8 @@ from typing import Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from ._types import EventId, UtcTimestamp
-from ._version import USP_VERSION, UspVersion
+from usp_schemas._types import EventId, UtcTimestamp
+from usp_schemas._version import USP_VERSION, UspVersion
 
 __all__ = ["PROBE_EVENT", "PROBE_HEADER", "ProbeData", "ProbeEvent"]
 

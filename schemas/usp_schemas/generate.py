@@ -18,11 +18,11 @@ from typing import Any
 
 from pydantic import BaseModel, TypeAdapter
 
-from ._content import ContentSubscription, Entitlement, Post, Publication
-from ._events import WebhookEvent
-from ._jsonrpc import WebhookNotification
-from ._mcp import ToolResult
-from ._payloads import Booking, Message, Service, Slot, WaitlistEntry
+from usp_schemas._content import ContentSubscription, Entitlement, Post, Publication
+from usp_schemas._events import WebhookEvent
+from usp_schemas._jsonrpc import WebhookNotification
+from usp_schemas._mcp import ToolResult
+from usp_schemas._payloads import Booking, Message, Service, Slot, WaitlistEntry
 
 __all__ = ["DEFAULT_OUTPUT_DIR", "main", "readable_schema", "render_schemas"]
 

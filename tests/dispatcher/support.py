@@ -5,10 +5,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Protocol
 
+from tests.dispatcher.conftest import ADMIN
 from tests.schemas.samples import sample
 from usp_schemas import new_event_id
-
-from .conftest import ADMIN
 
 PROBLEM_TYPE = "urn:usp-webhooks:problem:"
 

@@ -7,8 +7,8 @@ import logging
 import pytest
 from pydantic import SecretStr
 
-from .conftest import ADMIN, ADMIN_TOKEN, MakeClient
-from .support import assert_problem
+from tests.dispatcher.conftest import ADMIN, ADMIN_TOKEN, MakeClient
+from tests.dispatcher.support import assert_problem
 
 ADMIN_ROUTES = [
     ("GET", "/services/feed/subscriptions"),

@@ -11,11 +11,10 @@ import pytest
 from fastapi import FastAPI
 from fastapi.responses import RedirectResponse, Response
 
+from tests.dispatcher.conftest import Serve
 from usp_dispatcher.documents import DocumentUnavailable, fetch_document
 from usp_workers.engine.ssrf import check_target
 from usp_workers.settings import Settings
-
-from .conftest import Serve
 
 pytestmark = pytest.mark.anyio
 

@@ -11,15 +11,14 @@ from fastapi.testclient import TestClient
 from sqlalchemy.engine import Engine
 from sqlmodel import col, func, select
 
+from tests.dispatcher.conftest import ADMIN
+from tests.dispatcher.support import assert_problem, event, subscribe
+from tests.schemas.samples import booking
 from usp_dispatcher import intake
 from usp_dispatcher.intake import Outcome, Status, accept_events
 from usp_dispatcher.routes.events import MAX_BATCH_EVENTS, MAX_EVENT_BYTES
 from usp_workers.storage import db
 from usp_workers.storage.models import Delivery, EventRecord
-
-from ..schemas.samples import booking
-from .conftest import ADMIN
-from .support import assert_problem, event, subscribe
 
 HOOK = "http://127.0.0.1:9/hooks/"
 

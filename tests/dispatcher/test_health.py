@@ -11,11 +11,10 @@ import pytest
 import sqlalchemy as sa
 from typer.testing import CliRunner
 
+from tests.dispatcher.conftest import ADMIN, MakeClient, MakeSettings
+from tests.dispatcher.support import assert_problem, event
 from tests.faults import tcp_proxy
 from usp_dispatcher.cli import app as cli_app
-
-from .conftest import ADMIN, MakeClient, MakeSettings
-from .support import assert_problem, event
 
 
 def through(proxy_port: int, url: str) -> str:

@@ -12,6 +12,18 @@ import pytest
 from sqlalchemy.engine import Engine
 from typer.testing import CliRunner
 
+from tests.dispatcher.conftest import MakeSettings
+from tests.dispatcher.domain.support import (
+    ALICE,
+    BOB,
+    Catalog,
+    build_catalog,
+    count,
+    event_types,
+    ok,
+    run,
+    slot_counts,
+)
 from usp_dispatcher import cli, database
 from usp_dispatcher.domain import cancel_booking, create_booking, get_waitlist_entry, join_waitlist
 from usp_dispatcher.domain.tables import IdempotencyRecord
@@ -19,9 +31,6 @@ from usp_dispatcher.housekeeping import IDEMPOTENCY_RETENTION, housekeeping_once
 from usp_schemas import TimeWindow, WaitlistEntry
 from usp_workers.storage import db
 from usp_workers.storage.models import utcnow
-
-from .conftest import MakeSettings
-from .domain.support import ALICE, BOB, Catalog, build_catalog, count, event_types, ok, run, slot_counts
 
 
 @pytest.fixture

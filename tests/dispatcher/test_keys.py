@@ -13,14 +13,13 @@ from sqlalchemy.engine import Engine
 from sqlmodel import select
 from typer.testing import CliRunner, Result
 
+from tests.dispatcher.conftest import ADMIN_TOKEN, MakeClient, MakeSettings, Serve
 from usp_dispatcher.app import create_app
 from usp_dispatcher.cli import app as cli
 from usp_receiver import JWKS
 from usp_workers.engine import keys
 from usp_workers.storage import db
 from usp_workers.storage.models import SigningKeyRecord, utcnow
-
-from .conftest import ADMIN_TOKEN, MakeClient, MakeSettings, Serve
 
 JWKS_PATH = "/.well-known/usp/jwks.json"
 DIRECTORY_PATH = "/.well-known/http-message-signatures-directory"

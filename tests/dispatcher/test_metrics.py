@@ -11,6 +11,8 @@ from prometheus_client.samples import Sample
 from sqlalchemy.engine import Engine
 from sqlmodel import SQLModel
 
+from tests.dispatcher.conftest import ADMIN, MakeClient
+from tests.dispatcher.support import assert_problem
 from tests.schemas.samples import sample
 from usp_schemas import new_event_id
 from usp_workers.engine.outbox import emit
@@ -25,9 +27,6 @@ from usp_workers.storage.models import (
     SubscriptionState,
     utcnow,
 )
-
-from .conftest import ADMIN, MakeClient
-from .support import assert_problem
 
 _deliveries = SQLModel.metadata.tables[Delivery.__tablename__]
 _attempts = SQLModel.metadata.tables[Attempt.__tablename__]

@@ -8,10 +8,9 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
+from tests.dispatcher.conftest import ADMIN, MakeClient, MakeSettings
+from tests.dispatcher.support import assert_problem
 from usp_dispatcher.app import create_app
-
-from .conftest import ADMIN, MakeClient, MakeSettings
-from .support import assert_problem
 
 SECRET_TEXT = "connection string postgresql://admin:hunter2@db"
 

@@ -8,10 +8,9 @@ import pytest
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, RedirectResponse, Response
 
+from tests.dispatcher.conftest import ADMIN, MakeClient, Serve
+from tests.dispatcher.support import assert_problem
 from usp_dispatcher.profiles import MAX_PROFILE_BYTES
-
-from .conftest import ADMIN, MakeClient, Serve
-from .support import assert_problem
 
 PATH = "/services/feed/profiles"
 

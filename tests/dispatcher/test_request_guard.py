@@ -15,11 +15,10 @@ from fastapi.testclient import TestClient
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
+from tests.dispatcher.conftest import ADMIN, MakeClient, MakeSettings
+from tests.dispatcher.support import assert_problem
 from usp_dispatcher.app import create_app
 from usp_dispatcher.request_guard import MAX_BODY_BYTES, contains_nul
-
-from .conftest import ADMIN, MakeClient, MakeSettings
-from .support import assert_problem
 
 
 async def _no_dns(host: str, port: int) -> list[str]:

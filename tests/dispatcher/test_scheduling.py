@@ -11,12 +11,11 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy.engine import Engine
 
+from tests.dispatcher.conftest import ADMIN, MakeClient
+from tests.dispatcher.domain.support import count, deliveries_for, event_types, events, payload
+from tests.dispatcher.support import assert_problem, subscribe
 from usp_dispatcher.domain.tables import BookingRow
 from usp_schemas import parse_event
-
-from .conftest import ADMIN, MakeClient
-from .domain.support import count, deliveries_for, event_types, events, payload
-from .support import assert_problem, subscribe
 
 HAIRCUT = "svc_haircut_001"
 HOOK = "http://127.0.0.1:9/hooks/usp"

@@ -5,12 +5,11 @@ from __future__ import annotations
 import pytest
 from fastapi.testclient import TestClient
 
+from tests.dispatcher.conftest import ADMIN, MakeClient
+from tests.dispatcher.support import assert_problem, subscribe
 from usp_dispatcher.errors import Refused
 from usp_dispatcher.feed import normalize_event_types
 from usp_schemas import EVENT_TYPES
-
-from .conftest import ADMIN, MakeClient
-from .support import assert_problem, subscribe
 
 PATH = "/services/feed/subscriptions"
 HOOK = "http://127.0.0.1:9/hooks/usp"

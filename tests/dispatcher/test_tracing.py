@@ -20,6 +20,8 @@ from opentelemetry.trace import SpanKind
 from sqlalchemy.engine import Engine
 from sqlmodel import Session, col, select
 
+from tests.dispatcher.conftest import ADMIN, MakeSettings, Serve
+from tests.dispatcher.support import subscribe
 from usp_dispatcher.app import create_app
 from usp_receiver import JWKS, ReceivedWebhook, Verifier, WebhookReceiver
 from usp_receiver._receive import Outcome
@@ -28,9 +30,6 @@ from usp_receiver.fastapi import webhook_router
 from usp_workers.engine import tracing
 from usp_workers.engine.delivery import deliver_batch_sync
 from usp_workers.storage.models import Delivery, DeliveryStatus, EventRecord
-
-from .conftest import ADMIN, MakeSettings, Serve
-from .support import subscribe
 
 EXPORTER = InMemorySpanExporter()
 

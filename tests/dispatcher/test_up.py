@@ -25,14 +25,13 @@ import httpx
 import pytest
 from pydantic import SecretStr
 
+from tests.dispatcher.conftest import Serve
+from tests.dispatcher.support import event
 from tests.readme_blocks import block_after
 from usp_dispatcher.supervisor import child_environment, display_host
 from usp_receiver import JWKS, ReceivedWebhook, Verifier, WebhookReceiver
 from usp_receiver.asgi import WebhookApp
 from usp_workers.settings import Settings
-
-from .conftest import Serve
-from .support import event
 
 UP_TIMEOUT = 90.0
 TOKEN_LINE = re.compile(r"admin token \(this session only\): (\S+)")

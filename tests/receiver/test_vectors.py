@@ -6,6 +6,7 @@ from typing import Any
 
 import pytest
 
+from tests.receiver.vectors import all_public_keys, case, signing_key, vectors
 from usp_receiver import (
     DigestMismatch,
     ReceiverError,
@@ -17,8 +18,6 @@ from usp_receiver import (
     sign_message,
 )
 from usp_receiver._jwks import JWKS
-
-from .vectors import all_public_keys, case, signing_key, vectors
 
 ALL_ALGORITHMS = frozenset(
     {"ed25519", "ecdsa-p256-sha256", "rsa-pss-sha512", "rsa-v1_5-sha256", "hmac-sha256"}

@@ -8,6 +8,15 @@ from typing import Any
 
 import pytest
 
+from tests.schemas.samples import (
+    ALL_EVENT_TYPES,
+    EVENT_ID,
+    SPEC_EVENT_TYPES,
+    booking,
+    sample,
+    service,
+    waitlist_entry,
+)
 from usp_schemas import (
     EVENT_TYPES,
     USP_VERSION,
@@ -50,8 +59,6 @@ from usp_schemas import (
     new_event_id,
     parse_event,
 )
-
-from .samples import ALL_EVENT_TYPES, EVENT_ID, SPEC_EVENT_TYPES, booking, sample, service, waitlist_entry
 
 EXPECTED_MODEL: dict[str, tuple[type[EventEnvelope], type[object]]] = {
     "booking.created": (BookingCreated, Booking),

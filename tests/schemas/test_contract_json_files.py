@@ -8,10 +8,9 @@ from typing import Any
 
 import pytest
 
+from tests.schemas.samples import ALL_EVENT_TYPES
 from usp_schemas import EVENT_TYPES, USP_VERSION, generate
 from usp_schemas.generate import DEFAULT_OUTPUT_DIR, main, render_schemas, stale_files
-
-from .samples import ALL_EVENT_TYPES
 
 REPO_JSON_DIR = Path(__file__).resolve().parents[2] / "schemas" / "json"
 EXPECTED_FILES = {

@@ -7,6 +7,7 @@ import json
 import pytest
 from pydantic import ValidationError
 
+from tests.schemas.samples import ALL_EVENT_TYPES, sample
 from usp_schemas import (
     ERROR_CODE_WORDS,
     FORBIDDEN,
@@ -22,8 +23,6 @@ from usp_schemas import (
     notification_for,
     parse_event,
 )
-
-from .samples import ALL_EVENT_TYPES, sample
 
 
 @pytest.mark.parametrize("event_type", ALL_EVENT_TYPES)

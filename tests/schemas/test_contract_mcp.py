@@ -7,6 +7,7 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
+from tests.schemas.samples import slot
 from usp_schemas import (
     OUTCOME_CODES,
     USP_VERSION,
@@ -17,8 +18,6 @@ from usp_schemas import (
     ToolResult,
     UspMeta,
 )
-
-from .samples import slot
 
 AVAILABILITY_RESULT: dict[str, Any] = {  # the binding's availability response, result member
     "structuredContent": {

@@ -7,6 +7,7 @@ from typing import Any
 import pytest
 from pydantic import BaseModel, ValidationError
 
+from tests.schemas.samples import booking, service, slot, waitlist_entry
 from usp_schemas import (
     AvailabilityChange,
     Booking,
@@ -17,8 +18,6 @@ from usp_schemas import (
     Slot,
     WaitlistEntry,
 )
-
-from .samples import booking, service, slot, waitlist_entry
 
 
 @pytest.mark.parametrize("duration", ["PT60M", "PT1H30M", "P1D", "P1W", "PT45S", "PT0.5S", "P1DT2H"])

@@ -8,7 +8,7 @@ row) and :func:`issue_booking_credential`; ``/.well-known/usp`` publishes :func:
 ``usp-webhooks api-keys`` manages keys with :func:`issue_api_key` / :func:`revoke_api_key`.
 """
 
-from .apikeys import (
+from usp_dispatcher.access.apikeys import (
     KEY_PREFIX,
     authenticate_bearer,
     create_api_key,
@@ -16,9 +16,14 @@ from .apikeys import (
     list_api_keys,
     revoke_api_key,
 )
-from .authorize import authenticate_http, authorize, may_touch_booking, may_touch_waitlist_entry
-from .bindings import bind_profile, bound_profile
-from .credentials import (
+from usp_dispatcher.access.authorize import (
+    authenticate_http,
+    authorize,
+    may_touch_booking,
+    may_touch_waitlist_entry,
+)
+from usp_dispatcher.access.bindings import bind_profile, bound_profile
+from usp_dispatcher.access.credentials import (
     SCOPED_TOOLS,
     BookingCredential,
     issue_booking_credential,
@@ -26,10 +31,15 @@ from .credentials import (
     proof_digest,
     verify_booking_credential,
 )
-from .errors import FORBIDDEN, INVALID_PARAMS, UNAUTHENTICATED, Access, AccessError
-from .identity import BUSINESS, Caller, Identity
-from .policy import MECHANISMS, AuthorizationPolicy, policy_document
-from .signatures import DirectoryCache, agent_signature_headers, default_directories, verify_agent_signature
+from usp_dispatcher.access.errors import FORBIDDEN, INVALID_PARAMS, UNAUTHENTICATED, Access, AccessError
+from usp_dispatcher.access.identity import BUSINESS, Caller, Identity
+from usp_dispatcher.access.policy import MECHANISMS, AuthorizationPolicy, policy_document
+from usp_dispatcher.access.signatures import (
+    DirectoryCache,
+    agent_signature_headers,
+    default_directories,
+    verify_agent_signature,
+)
 
 __all__ = [
     "BUSINESS",

@@ -20,13 +20,12 @@ from typing import Final
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, col, select
 
+from usp_dispatcher.access.bindings import MAX_PROFILE_LENGTH, bind_profile
+from usp_dispatcher.access.errors import AccessError, unauthenticated
+from usp_dispatcher.access.identity import BUSINESS, Identity
+from usp_dispatcher.domain.tables import ApiKeyRow
 from usp_workers.settings import Settings
 from usp_workers.storage.models import utcnow
-
-from ..domain.tables import ApiKeyRow
-from .bindings import MAX_PROFILE_LENGTH, bind_profile
-from .errors import AccessError, unauthenticated
-from .identity import BUSINESS, Identity
 
 __all__ = [
     "KEY_PREFIX",

@@ -35,24 +35,23 @@ import anyio.to_thread
 from sqlalchemy.engine import Engine
 from sqlmodel import Session
 
-from usp_workers.engine.ssrf import Resolver
-from usp_workers.settings import Settings
-from usp_workers.storage import db
-
-from ..domain import booking_platform, waitlist_entry_platform
-from .apikeys import authenticate_bearer
-from .bindings import MAX_PROFILE_LENGTH, bind_profile
-from .credentials import (
+from usp_dispatcher.access.apikeys import authenticate_bearer
+from usp_dispatcher.access.bindings import MAX_PROFILE_LENGTH, bind_profile
+from usp_dispatcher.access.credentials import (
     MECHANISM,
     BookingCredential,
     looks_like_booking_credential,
     proof_holds,
     verify_booking_credential,
 )
-from .errors import Access, forbidden, invalid_params, unauthenticated
-from .identity import Caller, Identity
-from .policy import AuthorizationPolicy
-from .signatures import DirectoryCache, NonceCheck, verify_agent_signature
+from usp_dispatcher.access.errors import Access, forbidden, invalid_params, unauthenticated
+from usp_dispatcher.access.identity import Caller, Identity
+from usp_dispatcher.access.policy import AuthorizationPolicy
+from usp_dispatcher.access.signatures import DirectoryCache, NonceCheck, verify_agent_signature
+from usp_dispatcher.domain import booking_platform, waitlist_entry_platform
+from usp_workers.engine.ssrf import Resolver
+from usp_workers.settings import Settings
+from usp_workers.storage import db
 
 __all__ = ["authenticate_http", "authorize", "may_touch_booking", "may_touch_waitlist_entry"]
 

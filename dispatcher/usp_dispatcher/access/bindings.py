@@ -16,10 +16,9 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, select
 
+from usp_dispatcher.access.errors import forbidden
+from usp_dispatcher.domain.tables import PrincipalProfileRow
 from usp_workers.storage.models import utcnow
-
-from ..domain.tables import PrincipalProfileRow
-from .errors import forbidden
 
 __all__ = ["MAX_PROFILE_LENGTH", "bind_profile", "bound_profile"]
 

@@ -14,11 +14,10 @@ import anyio.to_thread
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
+from usp_dispatcher.access.signatures import NonceCheck
+from usp_dispatcher.domain.tables import NonceRow
 from usp_workers.storage import db
 from usp_workers.storage.models import utcnow
-
-from ..domain.tables import NonceRow
-from .signatures import NonceCheck
 
 __all__ = ["database_nonces"]
 

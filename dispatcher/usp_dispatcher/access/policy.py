@@ -8,11 +8,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
+from usp_dispatcher.access.credentials import CREDENTIAL_TYP, POP_TYP, PROOF_WINDOW_SECONDS, SCOPED_TOOLS
+from usp_dispatcher.access.signatures import BASE_COMPONENTS, DIRECTORY_PATH, WEB_BOT_AUTH_TAG
 from usp_receiver import DEFAULT_ALGORITHMS
 from usp_workers.settings import Settings
-
-from .credentials import CREDENTIAL_TYP, POP_TYP, PROOF_WINDOW_SECONDS, SCOPED_TOOLS
-from .signatures import BASE_COMPONENTS, DIRECTORY_PATH, WEB_BOT_AUTH_TAG
 
 __all__ = ["MECHANISMS", "AuthorizationPolicy", "Mechanism", "policy_document"]
 

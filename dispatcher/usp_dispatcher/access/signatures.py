@@ -45,6 +45,9 @@ from typing import Final
 
 import httpx
 
+from usp_dispatcher.access.errors import unauthenticated
+from usp_dispatcher.access.identity import Identity
+from usp_dispatcher.documents import DocumentUnavailable, fetch_document
 from usp_receiver import (
     JWKS,
     PublicKey,
@@ -60,10 +63,6 @@ from usp_receiver import (
 )
 from usp_workers.engine.ssrf import Resolver, TargetRefused, check_target
 from usp_workers.settings import Settings
-
-from ..documents import DocumentUnavailable, fetch_document
-from .errors import unauthenticated
-from .identity import Identity
 
 __all__ = [
     "BASE_COMPONENTS",

@@ -2,6 +2,6 @@
 and :mod:`.content` (operator commands over the admin API), :mod:`.access` (API keys, on the
 database), :mod:`.config` and :mod:`.output` (what they share). It may import the whole dispatcher."""
 
-from .main import app, main
+from usp_dispatcher.cli.main import app, main
 
 __all__ = ["app", "main"]

@@ -30,12 +30,11 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 from rich.text import Text
 
+from usp_dispatcher.cli.output import Json, add_row, age, print_json, short_id, table
+from usp_dispatcher.samples import sample_event
 from usp_receiver import ReceivedWebhook, RemoteJWKS, Verifier, WebhookReceiver
 from usp_receiver.asgi import WebhookApp
 from usp_receiver.dedupe import MemoryDedupe
-
-from ..samples import sample_event
-from .output import Json, add_row, age, print_json, short_id, table
 
 __all__ = ["AdminClient", "register"]
 

@@ -12,11 +12,10 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console
 
+from usp_dispatcher.cli.admin import DEFAULT_URL, AdminClient, Token, Url
+from usp_dispatcher.cli.config import load_settings, open_engine
+from usp_dispatcher.cli.output import Json, add_row, print_json, short_id, table
 from usp_workers.storage import db
-
-from .admin import DEFAULT_URL, AdminClient, Token, Url
-from .config import load_settings, open_engine
-from .output import Json, add_row, print_json, short_id, table
 
 __all__ = ["register"]
 
@@ -97,8 +96,8 @@ def subscriptions(
 def confirm(session_id: Annotated[str, typer.Argument(help="The checkout session id (chk_…).")]) -> None:
     """Complete a checkout session in the configured database, as the provider's webhook would:
     the subscription is activated and the entitlement granted, once."""
-    from ..ucap.answers import UcapError
-    from ..ucap.subscriptions import fulfil
+    from usp_dispatcher.ucap.answers import UcapError
+    from usp_dispatcher.ucap.subscriptions import fulfil
 
     try:
         with open_engine(load_settings()) as engine, db.session(engine) as session:
@@ -131,7 +130,7 @@ def ucap_mcp(
 ) -> None:
     """Serve the five UCAP tools over stdio, signing every /v1 call with the agent's key (the seed's
     agent-side MCP server: add it to your MCP client's configuration)."""
-    from ..mcp.ucap_agent import run_agent_stdio
+    from usp_dispatcher.mcp.ucap_agent import run_agent_stdio
 
     run_agent_stdio(api, agent_key, signature_agent)
 

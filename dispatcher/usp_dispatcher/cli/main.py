@@ -21,13 +21,13 @@ import typer
 from rich.console import Console
 from rich.text import Text
 
-from .. import database
-from .access import api_keys_app
-from .admin import DEFAULT_URL, AdminClient, Token, Url
-from .admin import register as register_operator_commands
-from .config import load_settings, open_engine
-from .content import register as register_content_commands
-from .output import Json, print_json
+from usp_dispatcher import database
+from usp_dispatcher.cli.access import api_keys_app
+from usp_dispatcher.cli.admin import DEFAULT_URL, AdminClient, Token, Url
+from usp_dispatcher.cli.admin import register as register_operator_commands
+from usp_dispatcher.cli.config import load_settings, open_engine
+from usp_dispatcher.cli.content import register as register_content_commands
+from usp_dispatcher.cli.output import Json, print_json
 
 __all__ = ["app", "keys_app", "main"]
 
@@ -116,7 +116,7 @@ def api(
     """Serve the HTTP API (events, subscriptions, JWKS) with uvicorn."""
     import uvicorn
 
-    from ..app import create_app
+    from usp_dispatcher.app import create_app
 
     uvicorn.run(create_app(load_settings()), host=host, port=port)
 
@@ -128,7 +128,7 @@ def mcp() -> None:
     For an agent that starts the business's server itself; over the network the same tools are
     at the API's /mcp. Credentials come in _meta.usp.authorization.
     """
-    from ..mcp.stdio import run_stdio
+    from usp_dispatcher.mcp.stdio import run_stdio
 
     run_stdio(load_settings())
 
@@ -152,10 +152,9 @@ def worker(
 def scheduler() -> None:
     """Run the scheduler: enqueue due deliveries, reclaim expired leases, expire waitlist offers
     (one is enough; two are safe)."""
+    from usp_dispatcher.housekeeping import housekeeping_thread
     from usp_workers.runtime import tasks
     from usp_workers.runtime.relay import run_relay
-
-    from ..housekeeping import housekeeping_thread
 
     settings = load_settings()
     # Events of expired offers reach the broker at once, not at the relay's re-send.
@@ -188,7 +187,7 @@ def up(
     folder. Without USP_ADMIN_TOKEN, an admin token is generated for this session and printed
     once.
     """
-    from ..supervisor import run_up
+    from usp_dispatcher.supervisor import run_up
 
     raise typer.Exit(
         run_up(load_settings(), host=host, port=port, concurrency=concurrency, console=console, dev=dev)

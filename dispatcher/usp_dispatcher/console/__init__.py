@@ -5,8 +5,8 @@ They call :mod:`usp_workers.operations` as ``/admin`` does (no query layer of th
 :mod:`usp_dispatcher.app` and the admin routes (portal links) import them.
 """
 
-from . import portal
-from .pages import router
-from .web import STATIC_PATH, static_files
+from usp_dispatcher.console import portal
+from usp_dispatcher.console.pages import router
+from usp_dispatcher.console.web import STATIC_PATH, static_files
 
 __all__ = ["STATIC_PATH", "portal", "router", "static_files"]

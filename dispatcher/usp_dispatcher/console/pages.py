@@ -16,18 +16,25 @@ from fastapi import APIRouter, Depends, Form, Query, Request
 from fastapi.responses import HTMLResponse, Response
 from sqlalchemy.engine import Engine
 
+from usp_dispatcher.console import session as login
+from usp_dispatcher.console.session import Login
+from usp_dispatcher.console.web import (
+    UNSETTLED,
+    admin_token,
+    call,
+    redirect,
+    render,
+    session_dependencies,
+    utc,
+)
+from usp_dispatcher.deps import SessionDep, SettingsDep, get_engine
+from usp_dispatcher.problems import HTTPProblem
 from usp_workers import operations
 from usp_workers.engine import keys
 from usp_workers.operations import DeadLetterFilter, EventFilter, activity
 from usp_workers.runtime import metrics, tasks
 from usp_workers.settings import Settings
 from usp_workers.storage.models import DeliveryStatus, SubscriptionState
-
-from ..deps import SessionDep, SettingsDep, get_engine
-from ..problems import HTTPProblem
-from . import session as login
-from .session import Login
-from .web import UNSETTLED, admin_token, call, redirect, render, session_dependencies, utc
 
 __all__ = ["router"]
 

@@ -14,13 +14,12 @@ from fastapi.responses import RedirectResponse, Response
 from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
 
+from usp_dispatcher.console import session as login
+from usp_dispatcher.console.session import Login
+from usp_dispatcher.deps import SettingsDep
+from usp_dispatcher.problems import HTTPProblem
 from usp_workers.settings import Settings
 from usp_workers.storage.models import DeliveryStatus
-
-from ..deps import SettingsDep
-from ..problems import HTTPProblem
-from . import session as login
-from .session import Login
 
 __all__ = [
     "HEADERS",

@@ -29,7 +29,7 @@ that platform and the business only. :func:`booking_platform` and :func:`waitlis
 tell the access layer who owns one; these functions do not check who calls them.
 """
 
-from .bookings import (
+from usp_dispatcher.domain.bookings import (
     booking_platform,
     cancel_booking,
     complete_booking,
@@ -39,7 +39,7 @@ from .bookings import (
     mark_no_show,
     reschedule_booking,
 )
-from .catalog import (
+from usp_dispatcher.domain.catalog import (
     MAX_AVAILABILITY_DAYS,
     Availability,
     ServiceSpec,
@@ -48,11 +48,16 @@ from .catalog import (
     list_catalog,
     query_availability,
 )
-from .content import Result, structured
-from .idempotency import Answer, forget_idempotency_keys, perform
-from .outcomes import WAITLIST_ENTRY_NOT_FOUND, WAITLIST_LIMIT_REACHED, InvalidRequest, Outcome
-from .seed import ensure_demo_catalog, seed_demo_catalog
-from .waitlist import (
+from usp_dispatcher.domain.content import Result, structured
+from usp_dispatcher.domain.idempotency import Answer, forget_idempotency_keys, perform
+from usp_dispatcher.domain.outcomes import (
+    WAITLIST_ENTRY_NOT_FOUND,
+    WAITLIST_LIMIT_REACHED,
+    InvalidRequest,
+    Outcome,
+)
+from usp_dispatcher.domain.seed import ensure_demo_catalog, seed_demo_catalog
+from usp_dispatcher.domain.waitlist import (
     OFFER_TTL,
     expire_offers,
     get_waitlist_entry,

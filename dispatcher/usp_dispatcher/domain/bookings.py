@@ -33,6 +33,24 @@ from typing import Any
 import sqlalchemy as sa
 from sqlmodel import Session, col, select
 
+from usp_dispatcher.domain.catalog import find_service
+from usp_dispatcher.domain.events import (
+    BookingEventType,
+    emit_availability_changed,
+    emit_booking_event,
+    emit_waitlist_event,
+)
+from usp_dispatcher.domain.outcomes import (
+    Outcome,
+    booking_not_found,
+    invalid_state_transition,
+    service_not_found,
+    slot_unavailable,
+)
+from usp_dispatcher.domain.seats import lock_slots, release_seat, take_seat
+from usp_dispatcher.domain.tables import BookingRow, BookingStatus, ServiceRow, SlotRow
+from usp_dispatcher.domain.views import booking_view
+from usp_dispatcher.domain.waitlist import claim_offer, live_offer_for, reuse_freed_seat
 from usp_schemas import (
     Booking,
     BookingCancelled,
@@ -45,20 +63,6 @@ from usp_schemas import (
     WaitlistConverted,
 )
 from usp_workers.storage.models import new_id, utcnow
-
-from .catalog import find_service
-from .events import BookingEventType, emit_availability_changed, emit_booking_event, emit_waitlist_event
-from .outcomes import (
-    Outcome,
-    booking_not_found,
-    invalid_state_transition,
-    service_not_found,
-    slot_unavailable,
-)
-from .seats import lock_slots, release_seat, take_seat
-from .tables import BookingRow, BookingStatus, ServiceRow, SlotRow
-from .views import booking_view
-from .waitlist import claim_offer, live_offer_for, reuse_freed_seat
 
 __all__ = [
     "booking_platform",

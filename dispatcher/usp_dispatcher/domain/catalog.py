@@ -13,13 +13,12 @@ from datetime import date, datetime, time, timedelta
 
 from sqlmodel import Session, col, select
 
+from usp_dispatcher.domain.events import emit_availability_changed, emit_service_event
+from usp_dispatcher.domain.outcomes import InvalidRequest, Outcome, service_not_found
+from usp_dispatcher.domain.tables import ServiceRow, SlotRow
+from usp_dispatcher.domain.views import service_view, slot_view, zone
 from usp_schemas import Money, Service, ServiceCreated, Slot
 from usp_workers.storage.models import new_id, utcnow
-
-from .events import emit_availability_changed, emit_service_event
-from .outcomes import InvalidRequest, Outcome, service_not_found
-from .tables import ServiceRow, SlotRow
-from .views import service_view, slot_view, zone
 
 __all__ = [
     "MAX_AVAILABILITY_DAYS",

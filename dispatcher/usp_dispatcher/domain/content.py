@@ -11,10 +11,9 @@ from __future__ import annotations
 from datetime import date
 from typing import Any
 
+from usp_dispatcher.domain.catalog import Availability
+from usp_dispatcher.domain.outcomes import Outcome
 from usp_schemas import Booking, Service, Slot, StructuredContent, WaitlistEntry
-
-from .catalog import Availability
-from .outcomes import Outcome
 
 __all__ = [
     "AvailabilityContent",

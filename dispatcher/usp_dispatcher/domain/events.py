@@ -23,6 +23,8 @@ from datetime import datetime
 
 from sqlmodel import Session
 
+from usp_dispatcher.domain.tables import BookingRow, ServiceRow, SlotRow, WaitlistRow
+from usp_dispatcher.domain.views import booking_view, service_view, slot_view, waitlist_view
 from usp_schemas import (
     AvailabilityChange,
     AvailabilityChanged,
@@ -43,9 +45,6 @@ from usp_schemas import (
     new_event_id,
 )
 from usp_workers.engine.outbox import emit
-
-from .tables import BookingRow, ServiceRow, SlotRow, WaitlistRow
-from .views import booking_view, service_view, slot_view, waitlist_view
 
 __all__ = [
     "BookingEventType",

@@ -27,9 +27,9 @@ from typing import Any
 import sqlalchemy as sa
 from sqlmodel import Session, col
 
-from .content import Result, structured
-from .outcomes import InvalidRequest, Outcome, idempotency_conflict
-from .tables import IdempotencyRecord
+from usp_dispatcher.domain.content import Result, structured
+from usp_dispatcher.domain.outcomes import InvalidRequest, Outcome, idempotency_conflict
+from usp_dispatcher.domain.tables import IdempotencyRecord
 
 __all__ = ["MAX_KEY_LENGTH", "Answer", "forget_idempotency_keys", "perform", "request_hash"]
 

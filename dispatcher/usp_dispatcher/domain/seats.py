@@ -25,7 +25,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlmodel import Session, col, select
 
-from .tables import SlotRow
+from usp_dispatcher.domain.tables import SlotRow
 
 __all__ = ["claim_hold", "hold_free_seat", "lock_slots", "release_hold", "release_seat", "take_seat"]
 

@@ -23,13 +23,12 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 from sqlmodel import Session, select
 
+from usp_dispatcher.domain.catalog import ServiceSpec, create_service
+from usp_dispatcher.domain.tables import ServiceRow, SlotRow
+from usp_dispatcher.domain.views import zone
 from usp_schemas import Money
 from usp_workers.storage import db
 from usp_workers.storage.models import utcnow
-
-from .catalog import ServiceSpec, create_service
-from .tables import ServiceRow, SlotRow
-from .views import zone
 
 __all__ = ["DEMO_DAYS", "DEMO_SERVICES", "DEMO_TIMEZONE", "ensure_demo_catalog", "seed_demo_catalog"]
 

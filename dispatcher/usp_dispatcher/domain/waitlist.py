@@ -30,6 +30,19 @@ from typing import Any
 import sqlalchemy as sa
 from sqlmodel import Session, col, select
 
+from usp_dispatcher.domain.catalog import find_service
+from usp_dispatcher.domain.events import emit_availability_changed, emit_waitlist_event
+from usp_dispatcher.domain.outcomes import (
+    Outcome,
+    invalid_state_transition,
+    service_not_found,
+    waitlist_closed,
+    waitlist_entry_not_found,
+    waitlist_limit_reached,
+)
+from usp_dispatcher.domain.seats import claim_hold, hold_free_seat, release_hold
+from usp_dispatcher.domain.tables import ServiceRow, SlotRow, WaitlistRow, WaitlistStatus
+from usp_dispatcher.domain.views import waitlist_view
 from usp_schemas import (
     Buyer,
     TimeWindow,
@@ -41,20 +54,6 @@ from usp_schemas import (
 )
 from usp_workers.storage import db
 from usp_workers.storage.models import utcnow
-
-from .catalog import find_service
-from .events import emit_availability_changed, emit_waitlist_event
-from .outcomes import (
-    Outcome,
-    invalid_state_transition,
-    service_not_found,
-    waitlist_closed,
-    waitlist_entry_not_found,
-    waitlist_limit_reached,
-)
-from .seats import claim_hold, hold_free_seat, release_hold
-from .tables import ServiceRow, SlotRow, WaitlistRow, WaitlistStatus
-from .views import waitlist_view
 
 __all__ = [
     "MAX_OPEN_PER_PLATFORM",

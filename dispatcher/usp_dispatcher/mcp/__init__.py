@@ -7,7 +7,7 @@ behind ``usp-webhooks mcp``. The HTTP mount and the live webhooks are in :mod:`.
 :mod:`.live`.
 """
 
-from .server import build_server
-from .tools import TOOLS, ToolSpec
+from usp_dispatcher.mcp.server import build_server
+from usp_dispatcher.mcp.tools import TOOLS, ToolSpec
 
 __all__ = ["TOOLS", "ToolSpec", "build_server"]

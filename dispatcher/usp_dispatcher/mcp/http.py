@@ -65,15 +65,14 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 from starlette.types import Message, Receive, Scope, Send
 
+from usp_dispatcher.access import AccessError, authenticate_http
+from usp_dispatcher.access.nonces import database_nonces
+from usp_dispatcher.access.signatures import NonceCheck
+from usp_dispatcher.mcp.event_store import DEFAULT_MAX_AGE, DEFAULT_MAX_EVENTS, SessionEventStore
+from usp_dispatcher.mcp.live import DEFAULT_POLL_INTERVAL, LiveHub
+from usp_dispatcher.mcp.protocol import INTERNAL_ERROR, error_object, parse_message
+from usp_dispatcher.mcp.server import build_server
 from usp_workers.settings import Settings
-
-from ..access import AccessError, authenticate_http
-from ..access.nonces import database_nonces
-from ..access.signatures import NonceCheck
-from .event_store import DEFAULT_MAX_AGE, DEFAULT_MAX_EVENTS, SessionEventStore
-from .live import DEFAULT_POLL_INTERVAL, LiveHub
-from .protocol import INTERNAL_ERROR, error_object, parse_message
-from .server import build_server
 
 __all__ = ["HTTP_SESSION_PREFIX", "MCP_PATH", "MCPEndpoint", "ServerFactory", "default_security", "mount_mcp"]
 

@@ -33,20 +33,11 @@ from mcp.shared.exceptions import MCPError
 from pydantic import ValidationError
 from sqlalchemy.engine import Engine
 
-from usp_workers.engine.ssrf import Resolver
-from usp_workers.settings import Settings
-from usp_workers.storage import db
-
-from .. import access
-from ..access import AccessError, Caller, Identity
-from ..access.apikeys import still_authenticates
-from ..request_guard import NUL_REFUSED, contains_nul
-from ..ucap.service import UcapService
-from ..ucap.settings import UcapSettings
-from ..ucap.tools import UCAP_TOOLS_BY_NAME
-from ..ucap.tools import list_entries as ucap_tool_entries
-from .live import LiveHub, LiveSend, notification_sender
-from .protocol import (
+from usp_dispatcher import access
+from usp_dispatcher.access import AccessError, Caller, Identity
+from usp_dispatcher.access.apikeys import still_authenticates
+from usp_dispatcher.mcp.live import LiveHub, LiveSend, notification_sender
+from usp_dispatcher.mcp.protocol import (
     INVALID_PARAMS,
     METHOD_NOT_FOUND,
     ProtocolErrors,
@@ -54,9 +45,17 @@ from .protocol import (
     protocol_error,
     validation_text,
 )
-from .results import envelope
-from .tools import TOOLS, TOOLS_BY_NAME, ToolCall, ToolSpec, UspMeta, read_meta
-from .ucap import call_ucap_tool
+from usp_dispatcher.mcp.results import envelope
+from usp_dispatcher.mcp.tools import TOOLS, TOOLS_BY_NAME, ToolCall, ToolSpec, UspMeta, read_meta
+from usp_dispatcher.mcp.ucap import call_ucap_tool
+from usp_dispatcher.request_guard import NUL_REFUSED, contains_nul
+from usp_dispatcher.ucap.service import UcapService
+from usp_dispatcher.ucap.settings import UcapSettings
+from usp_dispatcher.ucap.tools import UCAP_TOOLS_BY_NAME
+from usp_dispatcher.ucap.tools import list_entries as ucap_tool_entries
+from usp_workers.engine.ssrf import Resolver
+from usp_workers.settings import Settings
+from usp_workers.storage import db
 
 __all__ = ["SERVER_NAME", "STDIO_SESSION", "build_server", "list_tools_result"]
 

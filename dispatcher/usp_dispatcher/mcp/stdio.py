@@ -31,16 +31,15 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 from mcp.shared.message import SessionMessage
 from sqlalchemy.engine import Engine
 
+from usp_dispatcher import database
+from usp_dispatcher.domain import ensure_demo_catalog
+from usp_dispatcher.mcp.live import LiveHub
+from usp_dispatcher.mcp.protocol import parse_message, wire_error
+from usp_dispatcher.mcp.server import build_server
 from usp_workers.engine import keys
 from usp_workers.runtime import tasks
 from usp_workers.settings import Settings
 from usp_workers.storage import db
-
-from .. import database
-from ..domain import ensure_demo_catalog
-from .live import LiveHub
-from .protocol import parse_message, wire_error
-from .server import build_server
 
 __all__ = ["DRAIN_TIMEOUT", "run_stdio", "serve_stdio", "stdio_transport"]
 

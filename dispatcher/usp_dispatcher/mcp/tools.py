@@ -32,20 +32,19 @@ from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy.engine import Engine
 from sqlmodel import Session
 
+from usp_dispatcher import access, domain, feed
+from usp_dispatcher.access import Access, Caller
+from usp_dispatcher.domain.inputs import BookingIn, CancelIn, RescheduleIn, WaitlistIn
+from usp_dispatcher.domain.outcomes import booking_not_found, waitlist_entry_not_found
+from usp_dispatcher.errors import NotFound, Refused
+from usp_dispatcher.mcp.protocol import INVALID_PARAMS, UNAUTHENTICATED, protocol_error
+from usp_dispatcher.mcp.results import CAPABILITIES, business_outcome
 from usp_receiver import jwk_thumbprint
 from usp_schemas.generate import readable_schema
 from usp_workers.engine.ssrf import Resolver
 from usp_workers.settings import Settings
 from usp_workers.storage import db
 from usp_workers.storage.models import OnDead, Ordering, Subscription, Transport
-
-from .. import access, domain, feed
-from ..access import Access, Caller
-from ..domain.inputs import BookingIn, CancelIn, RescheduleIn, WaitlistIn
-from ..domain.outcomes import booking_not_found, waitlist_entry_not_found
-from ..errors import NotFound, Refused
-from .protocol import INVALID_PARAMS, UNAUTHENTICATED, protocol_error
-from .results import CAPABILITIES, business_outcome
 
 __all__ = ["REST_ONLY", "TOOLS", "TOOLS_BY_NAME", "ToolCall", "ToolSpec", "UspMeta", "read_meta"]
 

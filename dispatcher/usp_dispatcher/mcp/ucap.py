@@ -14,12 +14,12 @@ from typing import Any
 
 import mcp_types as types
 
-from ..access import Identity
-from ..ucap.agents import Agent, agent_of
-from ..ucap.answers import Answer, UcapError
-from ..ucap.service import UcapService
-from ..ucap.tools import tool_result
-from .protocol import MISSING_FIELD, UNAUTHENTICATED, bad_arguments, protocol_error
+from usp_dispatcher.access import Identity
+from usp_dispatcher.mcp.protocol import MISSING_FIELD, UNAUTHENTICATED, bad_arguments, protocol_error
+from usp_dispatcher.ucap.agents import Agent, agent_of
+from usp_dispatcher.ucap.answers import Answer, UcapError
+from usp_dispatcher.ucap.service import UcapService
+from usp_dispatcher.ucap.tools import tool_result
 
 __all__ = ["call_ucap_tool"]
 

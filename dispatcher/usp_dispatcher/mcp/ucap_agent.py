@@ -27,11 +27,8 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from mcp.server.context import ServerRequestContext
 from mcp.server.lowlevel import Server
 
-from usp_receiver import SigningKey
-
-from ..access.signatures import web_bot_auth_headers
-from ..ucap.tools import UCAP_TOOLS_BY_NAME, list_entries, tool_result
-from .protocol import (
+from usp_dispatcher.access.signatures import web_bot_auth_headers
+from usp_dispatcher.mcp.protocol import (
     INTERNAL_ERROR,
     INVALID_PARAMS,
     MISSING_FIELD,
@@ -40,7 +37,9 @@ from .protocol import (
     bad_arguments,
     protocol_error,
 )
-from .stdio import stdio_transport
+from usp_dispatcher.mcp.stdio import stdio_transport
+from usp_dispatcher.ucap.tools import UCAP_TOOLS_BY_NAME, list_entries, tool_result
+from usp_receiver import SigningKey
 
 __all__ = ["AgentClient", "build_agent_server", "load_agent_key", "run_agent_stdio"]
 

@@ -17,6 +17,11 @@ from fastapi.concurrency import run_in_threadpool
 from pydantic import BaseModel, ConfigDict, Field
 from sqlmodel import Session, col, select
 
+from usp_dispatcher import probes
+from usp_dispatcher.auth import AdminDep
+from usp_dispatcher.console import portal
+from usp_dispatcher.deps import ResolverDep, SessionDep, SettingsDep
+from usp_dispatcher.problems import HTTPProblem
 from usp_workers import operations
 from usp_workers.engine import keys
 from usp_workers.operations import DeadLetterFilter, EventFilter
@@ -31,12 +36,6 @@ from usp_workers.storage.models import (
     SubscriptionState,
     Transport,
 )
-
-from .. import probes
-from ..auth import AdminDep
-from ..console import portal
-from ..deps import ResolverDep, SessionDep, SettingsDep
-from ..problems import HTTPProblem
 
 __all__ = ["router"]
 

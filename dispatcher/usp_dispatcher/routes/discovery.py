@@ -14,13 +14,12 @@ from typing import Any, Final
 from fastapi import APIRouter
 from fastapi.responses import JSONResponse
 
+from usp_dispatcher import access
+from usp_dispatcher.deps import SettingsDep
+from usp_dispatcher.mcp.results import CAPABILITIES
+from usp_dispatcher.mcp.tools import TOOLS
 from usp_schemas import EVENT_TYPES, USP_VERSION
 from usp_workers.settings import Settings
-
-from .. import access
-from ..deps import SettingsDep
-from ..mcp.results import CAPABILITIES
-from ..mcp.tools import TOOLS
 
 __all__ = ["WEBHOOK_CAPABILITY", "business_profile", "router"]
 

@@ -12,13 +12,12 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 
+from usp_dispatcher.auth import AdminDep
+from usp_dispatcher.deps import SessionDep
+from usp_dispatcher.errors import Conflict
+from usp_dispatcher.intake import Intake, Outcome, Status, accept_events
+from usp_dispatcher.problems import HTTPProblem, validation_summary
 from usp_schemas import EventValidationError
-
-from ..auth import AdminDep
-from ..deps import SessionDep
-from ..errors import Conflict
-from ..intake import Intake, Outcome, Status, accept_events
-from ..problems import HTTPProblem, validation_summary
 
 __all__ = ["MAX_BATCH_EVENTS", "MAX_EVENT_BYTES", "router"]
 

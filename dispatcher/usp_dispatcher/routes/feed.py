@@ -14,12 +14,11 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 from sqlmodel import Session
 
+from usp_dispatcher import feed
+from usp_dispatcher.auth import AdminDep
+from usp_dispatcher.deps import ResolverDep, SessionDep, SettingsDep
+from usp_dispatcher.profiles import register_profile
 from usp_workers.storage.models import OnDead, Ordering, Subscription, SubscriptionState, Transport
-
-from .. import feed
-from ..auth import AdminDep
-from ..deps import ResolverDep, SessionDep, SettingsDep
-from ..profiles import register_profile
 
 __all__ = ["router"]
 

@@ -14,9 +14,8 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 from sqlalchemy.engine import Engine
 
+from usp_dispatcher.deps import SettingsDep, get_engine
 from usp_workers.runtime import readiness
-
-from ..deps import SettingsDep, get_engine
 
 __all__ = ["router"]
 

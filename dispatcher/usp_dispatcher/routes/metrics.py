@@ -20,10 +20,9 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from prometheus_client import CONTENT_TYPE_LATEST
 from sqlalchemy.engine import Engine
 
+from usp_dispatcher.auth import require_admin
+from usp_dispatcher.deps import SettingsDep, get_engine
 from usp_workers.runtime import metrics
-
-from ..auth import require_admin
-from ..deps import SettingsDep, get_engine
 
 __all__ = ["router"]
 

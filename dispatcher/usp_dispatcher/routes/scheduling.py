@@ -44,18 +44,17 @@ from fastapi.responses import JSONResponse
 from mcp.shared.exceptions import MCPError
 from pydantic import ValidationError
 
+from usp_dispatcher import access, domain
+from usp_dispatcher.access import AccessError
+from usp_dispatcher.access.credentials import MECHANISM, looks_like_booking_credential
+from usp_dispatcher.access.nonces import database_nonces
+from usp_dispatcher.domain.content import AvailabilityContent, BookingContent, CatalogContent, WaitlistContent
+from usp_dispatcher.domain.inputs import BookingIn, CancelIn, RescheduleIn, WaitlistIn
+from usp_dispatcher.mcp.protocol import validation_text
+from usp_dispatcher.mcp.tools import REST_ONLY, TOOLS_BY_NAME, ToolCall, ToolSpec, UspMeta, read_meta
+from usp_dispatcher.problems import HTTPProblem
 from usp_schemas import StructuredContent
 from usp_workers.storage import db
-
-from .. import access, domain
-from ..access import AccessError
-from ..access.credentials import MECHANISM, looks_like_booking_credential
-from ..access.nonces import database_nonces
-from ..domain.content import AvailabilityContent, BookingContent, CatalogContent, WaitlistContent
-from ..domain.inputs import BookingIn, CancelIn, RescheduleIn, WaitlistIn
-from ..mcp.protocol import validation_text
-from ..mcp.tools import REST_ONLY, TOOLS_BY_NAME, ToolCall, ToolSpec, UspMeta, read_meta
-from ..problems import HTTPProblem
 
 __all__ = ["BookingIn", "CancelIn", "RescheduleIn", "WaitlistIn", "public_router", "router"]
 

@@ -17,17 +17,31 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 from sqlmodel import Session, col, select
 
-from ..auth import AdminDep
-from ..deps import SessionDep, SettingsDep
-from ..problems import HTTPProblem, problem_response
-from ..ucap.agents import Agent
-from ..ucap.answers import Answer, UcapError
-from ..ucap.catalog import tier_view
-from ..ucap.publishing import PostIn, PublicationIn, TierIn, add_post, add_publication, add_tier, update_post
-from ..ucap.service import UcapService
-from ..ucap.subscriptions import checkout_of
-from ..ucap.tables import CheckoutRow, PublicationRow, SubscriptionRow, SubscriptionStatus, TierRow
-from ..ucap.tools import UCAP_TOOLS
+from usp_dispatcher.auth import AdminDep
+from usp_dispatcher.deps import SessionDep, SettingsDep
+from usp_dispatcher.problems import HTTPProblem, problem_response
+from usp_dispatcher.ucap.agents import Agent
+from usp_dispatcher.ucap.answers import Answer, UcapError
+from usp_dispatcher.ucap.catalog import tier_view
+from usp_dispatcher.ucap.publishing import (
+    PostIn,
+    PublicationIn,
+    TierIn,
+    add_post,
+    add_publication,
+    add_tier,
+    update_post,
+)
+from usp_dispatcher.ucap.service import UcapService
+from usp_dispatcher.ucap.subscriptions import checkout_of
+from usp_dispatcher.ucap.tables import (
+    CheckoutRow,
+    PublicationRow,
+    SubscriptionRow,
+    SubscriptionStatus,
+    TierRow,
+)
+from usp_dispatcher.ucap.tools import UCAP_TOOLS
 
 __all__ = ["admin_router", "install_ucap_errors", "router", "service_of"]
 

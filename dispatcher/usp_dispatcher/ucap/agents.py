@@ -17,13 +17,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Final
 
+from usp_dispatcher.access import AccessError, Identity, verify_agent_signature
+from usp_dispatcher.access.signatures import DirectoryCache, NonceCheck
+from usp_dispatcher.ucap.answers import UcapError, unauthorized
+from usp_dispatcher.ucap.tables import agent_id
 from usp_workers.engine.ssrf import Resolver
 from usp_workers.settings import Settings
-
-from ..access import AccessError, Identity, verify_agent_signature
-from ..access.signatures import DirectoryCache, NonceCheck
-from .answers import UcapError, unauthorized
-from .tables import agent_id
 
 __all__ = ["Agent", "RateLimiter", "agent_of", "authenticate_agent"]
 

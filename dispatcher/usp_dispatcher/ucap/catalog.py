@@ -23,12 +23,11 @@ import sqlalchemy as sa
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from sqlmodel import Session, col, select
 
+from usp_dispatcher.ucap.agents import Agent
+from usp_dispatcher.ucap.answers import Answer, invalid, not_found
+from usp_dispatcher.ucap.search import SearchQuery, search
+from usp_dispatcher.ucap.tables import AliasRow, EntitlementRow, PostRow, PostTierRow, PublicationRow, TierRow
 from usp_workers.storage.models import utcnow
-
-from .agents import Agent
-from .answers import Answer, invalid, not_found
-from .search import SearchQuery, search
-from .tables import AliasRow, EntitlementRow, PostRow, PostTierRow, PublicationRow, TierRow
 
 __all__ = [
     "LookupIn",

@@ -14,6 +14,15 @@ from datetime import datetime
 
 from sqlmodel import Session, col, select
 
+from usp_dispatcher.ucap.tables import (
+    EntitlementRow,
+    PostRow,
+    PostTierRow,
+    PublicationRow,
+    SubscriptionRow,
+    SubscriptionStatus,
+    TierRow,
+)
 from usp_schemas import (
     ContentSubscription,
     Entitlement,
@@ -32,16 +41,6 @@ from usp_schemas import (
 )
 from usp_workers.engine.outbox import emit
 
-from .tables import (
-    EntitlementRow,
-    PostRow,
-    PostTierRow,
-    PublicationRow,
-    SubscriptionRow,
-    SubscriptionStatus,
-    TierRow,
-)
-
 __all__ = [
     "emit_entitlement_event",
     "emit_post_event",
@@ -58,7 +57,7 @@ def publication_model(session: Session, publication: PublicationRow) -> Publicat
     tiers = session.exec(
         select(TierRow).where(TierRow.publication_id == publication.id).order_by(col(TierRow.position))
     ).all()
-    from .tables import AliasRow
+    from usp_dispatcher.ucap.tables import AliasRow
 
     aliases = session.exec(
         select(AliasRow.alias)

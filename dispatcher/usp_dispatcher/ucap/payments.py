@@ -31,8 +31,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from .settings import UcapSettings
-from .tables import PublicationRow, SubscriptionRow, TierRow
+from usp_dispatcher.ucap.settings import UcapSettings
+from usp_dispatcher.ucap.tables import PublicationRow, SubscriptionRow, TierRow
 
 __all__ = [
     "USDC_DECIMALS",

@@ -19,23 +19,27 @@ import anyio.to_thread
 from sqlalchemy.engine import Engine
 from sqlmodel import Session
 
-from usp_workers.engine.ssrf import Resolver
-from usp_workers.settings import Settings
-from usp_workers.storage import db
-from usp_workers.storage.models import utcnow
-
-from ..access.nonces import database_nonces
-from .agents import Agent, RateLimiter, authenticate_agent
-from .answers import Answer, UcapError
-from .catalog import LookupIn, SearchIn, find_post, lookup, parsed, post_by_url, read_content, search_catalog
-from .payments import (
+from usp_dispatcher.access.nonces import database_nonces
+from usp_dispatcher.ucap.agents import Agent, RateLimiter, authenticate_agent
+from usp_dispatcher.ucap.answers import Answer, UcapError
+from usp_dispatcher.ucap.catalog import (
+    LookupIn,
+    SearchIn,
+    find_post,
+    lookup,
+    parsed,
+    post_by_url,
+    read_content,
+    search_catalog,
+)
+from usp_dispatcher.ucap.payments import (
     PaymentRefused,
     SandboxFacilitator,
     decode_payment_header,
     facilitator_for,
 )
-from .settings import UcapSettings
-from .subscriptions import (
+from usp_dispatcher.ucap.settings import UcapSettings
+from usp_dispatcher.ucap.subscriptions import (
     Fulfilment,
     OfferLinks,
     SubscribeIn,
@@ -46,6 +50,10 @@ from .subscriptions import (
     list_entitlements,
     subscribe,
 )
+from usp_workers.engine.ssrf import Resolver
+from usp_workers.settings import Settings
+from usp_workers.storage import db
+from usp_workers.storage.models import utcnow
 
 __all__ = ["UcapService"]
 

@@ -26,22 +26,13 @@ import sqlalchemy as sa
 from pydantic import BaseModel, ConfigDict, Field
 from sqlmodel import Session, col, select
 
-from usp_schemas import (
-    EntitlementGranted,
-    EntitlementRevoked,
-    SubscriptionActivated,
-    SubscriptionCancelled,
-    SubscriptionCreated,
-)
-from usp_workers.storage.models import utcnow
-
-from .agents import Agent
-from .answers import Answer, UcapError, invalid, not_found
-from .catalog import tier_view
-from .events import emit_entitlement_event, emit_subscription_event
-from .payments import OpenedCheckout, PaymentRefused, open_checkout
-from .settings import UcapSettings
-from .tables import (
+from usp_dispatcher.ucap.agents import Agent
+from usp_dispatcher.ucap.answers import Answer, UcapError, invalid, not_found
+from usp_dispatcher.ucap.catalog import tier_view
+from usp_dispatcher.ucap.events import emit_entitlement_event, emit_subscription_event
+from usp_dispatcher.ucap.payments import OpenedCheckout, PaymentRefused, open_checkout
+from usp_dispatcher.ucap.settings import UcapSettings
+from usp_dispatcher.ucap.tables import (
     CheckoutRow,
     CheckoutStatus,
     EntitlementRow,
@@ -50,6 +41,14 @@ from .tables import (
     SubscriptionStatus,
     TierRow,
 )
+from usp_schemas import (
+    EntitlementGranted,
+    EntitlementRevoked,
+    SubscriptionActivated,
+    SubscriptionCancelled,
+    SubscriptionCreated,
+)
+from usp_workers.storage.models import utcnow
 
 __all__ = [
     "Fulfilment",

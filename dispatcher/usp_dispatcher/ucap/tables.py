@@ -19,9 +19,8 @@ from datetime import datetime
 import sqlalchemy as sa
 from sqlmodel import Field
 
+from usp_dispatcher.domain.tables import DomainTable
 from usp_workers.storage.models import UtcDateTime, new_id, utcnow
-
-from ..domain.tables import DomainTable
 
 __all__ = [
     "AliasRow",

@@ -23,9 +23,15 @@ Stores: ``MemoryDedupe`` (here; one process), ``usp_receiver.dedupe.redis.RedisD
 from their own modules so that this package never imports an extra.
 """
 
-from ._once import Processed, process_once
-from ._protocol import DEFAULT_LEASE_SECONDS, DEFAULT_TTL_SECONDS, Claim, ClaimState, DedupeStore
-from .memory import MemoryDedupe
+from usp_receiver.dedupe._once import Processed, process_once
+from usp_receiver.dedupe._protocol import (
+    DEFAULT_LEASE_SECONDS,
+    DEFAULT_TTL_SECONDS,
+    Claim,
+    ClaimState,
+    DedupeStore,
+)
+from usp_receiver.dedupe.memory import MemoryDedupe
 
 __all__ = [
     "DEFAULT_LEASE_SECONDS",

@@ -14,7 +14,7 @@ from collections.abc import Awaitable, Callable
 
 import anyio
 
-from ._protocol import Claim, ClaimState, DedupeStore
+from usp_receiver.dedupe._protocol import Claim, ClaimState, DedupeStore
 
 __all__ = ["Processed", "process_once"]
 

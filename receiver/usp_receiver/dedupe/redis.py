@@ -33,8 +33,8 @@ except ImportError as exc:  # pragma: no cover - exercised in a subprocess test
         "usp_receiver.dedupe.redis needs the redis package: install usp-receiver[redis]"
     ) from exc
 
-from . import _resp
-from ._protocol import DEFAULT_LEASE_SECONDS, DEFAULT_TTL_SECONDS, Claim, ClaimState
+from usp_receiver.dedupe import _resp
+from usp_receiver.dedupe._protocol import DEFAULT_LEASE_SECONDS, DEFAULT_TTL_SECONDS, Claim, ClaimState
 
 __all__ = ["RedisDedupe"]
 

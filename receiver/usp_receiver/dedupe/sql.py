@@ -34,7 +34,7 @@ try:
 except ImportError as exc:  # pragma: no cover - exercised in a subprocess test
     raise ImportError("usp_receiver.dedupe.sql needs SQLAlchemy: install usp-receiver[sql]") from exc
 
-from ._protocol import DEFAULT_LEASE_SECONDS, DEFAULT_TTL_SECONDS, Claim, ClaimState
+from usp_receiver.dedupe._protocol import DEFAULT_LEASE_SECONDS, DEFAULT_TTL_SECONDS, Claim, ClaimState
 
 __all__ = ["SqlDedupe"]
 

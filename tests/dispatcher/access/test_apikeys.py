@@ -11,6 +11,7 @@ from sqlalchemy.engine import Engine
 from sqlmodel import Session, select
 from typer.testing import CliRunner
 
+from tests.dispatcher.conftest import ADMIN_TOKEN, MakeSettings
 from usp_dispatcher import cli
 from usp_dispatcher.access import (
     AccessError,
@@ -22,8 +23,6 @@ from usp_dispatcher.access import (
 from usp_dispatcher.access.apikeys import create_api_key, hash_api_key, lookup_api_key
 from usp_dispatcher.domain.tables import ApiKeyRow
 from usp_workers.settings import Settings
-
-from ..conftest import ADMIN_TOKEN, MakeSettings
 
 KEY_SHAPE = re.compile(r"uspk_[A-Za-z0-9_-]{43}")
 

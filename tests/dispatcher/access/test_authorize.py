@@ -11,6 +11,9 @@ import pytest
 from sqlalchemy.engine import Engine
 from sqlmodel import Session
 
+from tests.dispatcher.access.conftest import OTHER_PROFILE, PROFILE
+from tests.dispatcher.conftest import ADMIN_TOKEN, MakeSettings
+from tests.dispatcher.domain.support import ALICE, NOW, build_catalog, ok
 from usp_dispatcher.access import (
     Access,
     AccessError,
@@ -29,10 +32,6 @@ from usp_schemas import TimeWindow
 from usp_workers.settings import Settings
 from usp_workers.storage import db
 from usp_workers.storage.models import utcnow
-
-from ..conftest import ADMIN_TOKEN, MakeSettings
-from ..domain.support import ALICE, NOW, build_catalog, ok
-from .conftest import OTHER_PROFILE, PROFILE
 
 KEY = Identity("key:acme", "bearer")
 BUSINESS = Identity("business", "bearer")

@@ -9,11 +9,10 @@ import pytest
 from sqlalchemy.engine import Engine
 from sqlmodel import Session, select
 
+from tests.dispatcher.access.conftest import OTHER_PROFILE, PROFILE
 from usp_dispatcher.access import AccessError, bind_profile, bound_profile, issue_api_key
 from usp_dispatcher.domain.tables import PrincipalProfileRow
 from usp_workers.storage import db
-
-from .conftest import OTHER_PROFILE, PROFILE
 
 
 def test_first_pairing_is_recorded_and_committed(session: Session, migrated: Engine) -> None:

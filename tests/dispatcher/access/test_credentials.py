@@ -10,6 +10,8 @@ from typing import Any
 import pytest
 from sqlmodel import Session
 
+from tests.dispatcher.access.conftest import PROFILE
+from tests.dispatcher.conftest import MakeSettings
 from usp_dispatcher.access import (
     AccessError,
     issue_booking_credential,
@@ -23,9 +25,6 @@ from usp_receiver.jose import parse_jws, sign_jws
 from usp_workers.engine import keys
 from usp_workers.settings import Settings
 from usp_workers.storage.models import utcnow
-
-from ..conftest import MakeSettings
-from .conftest import PROFILE
 
 BOOKING = "bkg_123"
 

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
+from tests.dispatcher.conftest import MakeSettings
 from usp_dispatcher.access import AuthorizationPolicy, policy_document
 from usp_workers.settings import Settings
-
-from ..conftest import MakeSettings
 
 
 def test_defaults_offer_everything_and_require_authentication(settings: Settings) -> None:

@@ -11,13 +11,12 @@ from typing import Any
 from fastapi.testclient import TestClient
 from sqlalchemy.engine import Engine
 
+from tests.dispatcher.conftest import ADMIN
+from tests.dispatcher.support import assert_problem
+from tests.dispatcher.ucap.conftest import Agent, alice, make_agent, registry  # noqa: F401 - fixtures
 from usp_dispatcher import access
 from usp_dispatcher.access.credentials import make_pop_proof
 from usp_workers.storage import db
-
-from ..conftest import ADMIN
-from ..support import assert_problem
-from ..ucap.conftest import Agent, alice, make_agent, registry  # noqa: F401 - fixtures
 
 HAIRCUT = "svc_haircut_001"
 ACME = "https://acme.example/profiles/scheduling.json"

@@ -8,6 +8,8 @@ import time
 import pytest
 from sqlalchemy.engine import Engine
 
+from tests.dispatcher.access.conftest import Agent
+from tests.dispatcher.conftest import ADMIN_TOKEN, MakeSettings
 from usp_dispatcher.access import (
     AccessError,
     DirectoryCache,
@@ -22,9 +24,6 @@ from usp_dispatcher.access.signatures import parse_signature_agent
 from usp_receiver import SigningKey, content_digest, jwk_thumbprint, sign_message
 from usp_workers.settings import Settings
 from usp_workers.storage import db
-
-from ..conftest import ADMIN_TOKEN, MakeSettings
-from .conftest import Agent
 
 pytestmark = pytest.mark.anyio
 

@@ -7,9 +7,9 @@ import pytest
 from playwright.sync_api import Browser
 from sqlalchemy.engine import Engine
 
-from ..conftest import MakeSettings, Serve
-from .browser import launched_chromium
-from .live import Live, running_service
+from tests.dispatcher.admin.browser import launched_chromium
+from tests.dispatcher.admin.live import Live, running_service
+from tests.dispatcher.conftest import MakeSettings, Serve
 
 
 @pytest.fixture

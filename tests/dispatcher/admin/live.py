@@ -18,6 +18,7 @@ from sqlalchemy.engine import Engine
 from sqlmodel import Session, col, select
 from typer.testing import CliRunner, Result
 
+from tests.dispatcher.conftest import ADMIN, ADMIN_TOKEN, MakeSettings, Serve
 from tests.workers.conftest import hub_server
 from tests.workers.endpoints import Hub
 from tests.workers.support import Pipeline, WorkerProcess
@@ -25,8 +26,6 @@ from usp_dispatcher import cli
 from usp_dispatcher.app import create_app
 from usp_receiver import JWKS
 from usp_workers.storage.models import Delivery
-
-from ..conftest import ADMIN, ADMIN_TOKEN, MakeSettings, Serve
 
 WAIT = 60.0
 

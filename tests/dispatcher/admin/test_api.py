@@ -21,15 +21,14 @@ from fastapi.testclient import TestClient
 from sqlalchemy.engine import Engine
 from sqlmodel import Session, col, select
 
+from tests.dispatcher.conftest import ADMIN, MakeClient
+from tests.dispatcher.support import assert_problem, event, subscribe
 from usp_workers import operations
 from usp_workers.engine import health
 from usp_workers.runtime import tasks
 from usp_workers.runtime.celery_app import QUEUE
 from usp_workers.runtime.embedded_broker import make_broker_engine
 from usp_workers.storage.models import Delivery, DeliveryStatus, EventRecord, Subscription, SubscriptionState
-
-from ..conftest import ADMIN, MakeClient
-from ..support import assert_problem, event, subscribe
 
 SINK = "http://127.0.0.1:9/webhooks"  # never called here: no worker runs in these tests
 

@@ -19,15 +19,14 @@ from sqlalchemy.engine import Engine
 from sqlmodel import Session, col, select
 from typer.testing import CliRunner, Result
 
+from tests.dispatcher.admin.live import WAIT, Live, deliveries, event_id_in, wait_until
+from tests.dispatcher.conftest import ADMIN
 from tests.workers.endpoints import Answer, UspReceiver
 from usp_dispatcher import cli
 from usp_dispatcher.cli.output import short_id
 from usp_dispatcher.samples import sample_event
 from usp_schemas import EVENT_TYPES, parse_event
 from usp_workers.storage.models import Delivery, DeliveryStatus, Subscription
-
-from ..conftest import ADMIN
-from .live import WAIT, Live, deliveries, event_id_in, wait_until
 
 
 def test_trigger_then_replay_end_to_end(live: Live) -> None:

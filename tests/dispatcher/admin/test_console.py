@@ -20,13 +20,12 @@ import sqlalchemy as sa
 from playwright.sync_api import Browser, BrowserContext, Page, expect
 from sqlmodel import Session
 
+from tests.dispatcher.admin.browser import screenshot
+from tests.dispatcher.admin.live import Live, deliveries, event_id_in, wait_until
+from tests.dispatcher.conftest import ADMIN, ADMIN_TOKEN
 from tests.workers.endpoints import Answer, UspReceiver
 from usp_dispatcher.samples import sample_event
 from usp_workers.storage.models import Delivery, DeliveryStatus, Subscription
-
-from ..conftest import ADMIN, ADMIN_TOKEN
-from .browser import screenshot
-from .live import Live, deliveries, event_id_in, wait_until
 
 pytestmark = pytest.mark.parametrize("database_url", ["postgresql"], indirect=True)
 

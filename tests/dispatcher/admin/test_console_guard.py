@@ -8,9 +8,8 @@ import pytest
 from fastapi.routing import APIRoute
 from fastapi.testclient import TestClient
 
+from tests.dispatcher.conftest import ADMIN
 from usp_dispatcher import console
-
-from ..conftest import ADMIN
 
 OPEN = {"/console/login", "/portal/enter", "/portal/expired"}
 

@@ -15,11 +15,10 @@ from fastapi.testclient import TestClient
 from sqlalchemy.engine import Engine
 from sqlmodel import select
 
+from tests.dispatcher.conftest import ADMIN, MakeClient
+from tests.dispatcher.support import assert_problem
 from usp_workers.storage import db
 from usp_workers.storage.models import SigningKeyRecord
-
-from ..conftest import ADMIN, MakeClient
-from ..support import assert_problem
 
 STATES = {"published, not signing yet", "signing", "retired, still published", "retired"}
 FACTS = {"kid", "alg", "created_at", "signs_from", "retires_at", "published", "state"}

@@ -21,11 +21,10 @@ import httpx
 import pytest
 from playwright.sync_api import Browser, BrowserContext, Page, expect
 
+from tests.dispatcher.admin.browser import screenshot
+from tests.dispatcher.admin.live import Live
+from tests.dispatcher.conftest import ADMIN
 from usp_receiver import SigningKey, sign_request
-
-from ..conftest import ADMIN
-from .browser import screenshot
-from .live import Live
 
 pytestmark = pytest.mark.parametrize("database_url", ["postgresql"], indirect=True)
 

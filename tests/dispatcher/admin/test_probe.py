@@ -12,14 +12,13 @@ import pytest
 from fastapi import FastAPI
 from typer.testing import CliRunner
 
+from tests.dispatcher.conftest import ADMIN, ADMIN_TOKEN, MakeSettings, Serve
 from tests.servers import running, serving
 from tests.workers.endpoints import Answer
 from usp_dispatcher import cli
 from usp_dispatcher.app import create_app
 from usp_receiver import JWKS, Verifier, WebhookReceiver
 from usp_receiver.fastapi import webhook_router
-
-from ..conftest import ADMIN, ADMIN_TOKEN, MakeSettings, Serve
 
 pytestmark = pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
 PATH = "/webhooks/usp"

@@ -6,9 +6,8 @@ from __future__ import annotations
 import pytest
 from sqlalchemy.engine import Engine
 
+from tests.dispatcher.domain.support import Catalog, build_catalog
 from usp_dispatcher import database
-
-from .support import Catalog, build_catalog
 
 
 @pytest.fixture

@@ -9,6 +9,20 @@ from typing import Any
 import pytest
 from sqlmodel import Session
 
+from tests.dispatcher.domain.support import (
+    ALICE,
+    BOB,
+    NOW,
+    Catalog,
+    call,
+    count,
+    event_types,
+    events,
+    ok,
+    refused,
+    run,
+    slot_counts,
+)
 from usp_dispatcher.domain import (
     cancel_booking,
     complete_booking,
@@ -32,8 +46,6 @@ from usp_schemas import (
 )
 from usp_workers.storage import db
 from usp_workers.storage.models import EventRecord
-
-from .support import ALICE, BOB, NOW, Catalog, call, count, event_types, events, ok, refused, run, slot_counts
 
 Action = Callable[[Session, str], Any]
 

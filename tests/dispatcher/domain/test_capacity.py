@@ -12,6 +12,17 @@ from typing import TypeVar
 
 from sqlmodel import Session
 
+from tests.dispatcher.domain.support import (
+    ALICE,
+    NOW,
+    Catalog,
+    count,
+    event_types,
+    ok,
+    refused,
+    run,
+    slot_counts,
+)
 from usp_dispatcher.domain import (
     OFFER_TTL,
     Outcome,
@@ -29,8 +40,6 @@ from usp_dispatcher.domain import (
 from usp_dispatcher.domain.tables import BookingRow
 from usp_schemas import INVALID_STATE_TRANSITION, SLOT_UNAVAILABLE, Booking, Buyer, TimeWindow
 from usp_workers.storage import db
-
-from .support import ALICE, NOW, Catalog, count, event_types, ok, refused, run, slot_counts
 
 T = TypeVar("T")
 ROUNDS = 5

@@ -8,6 +8,8 @@ import pytest
 from sqlalchemy.engine import Engine
 from sqlmodel import col, select
 
+from tests.dispatcher.conftest import MakeClient
+from tests.dispatcher.domain.support import ALICE, NOW, Catalog, call, count, event_types, events, ok, refused
 from usp_dispatcher.domain import (
     MAX_AVAILABILITY_DAYS,
     Availability,
@@ -24,9 +26,6 @@ from usp_dispatcher.domain.tables import ServiceRow, SlotRow
 from usp_schemas import SERVICE_NOT_FOUND, AvailabilityChanged, Money, ServiceCreated
 from usp_workers.storage import db
 from usp_workers.storage.models import EventRecord
-
-from ..conftest import MakeClient
-from .support import ALICE, NOW, Catalog, call, count, event_types, events, ok, refused
 
 
 def test_list_catalog_shows_active_services_by_name(catalog: Catalog) -> None:

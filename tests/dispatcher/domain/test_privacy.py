@@ -14,6 +14,7 @@ import pytest
 from sqlalchemy.engine import Engine
 from sqlmodel import Session, col, select
 
+from tests.dispatcher.domain.support import ALICE, BOB, CAROL, NOW, Catalog, call, ok, refused, run
 from usp_dispatcher.domain import (
     OFFER_TTL,
     ServiceSpec,
@@ -36,8 +37,6 @@ from usp_dispatcher.domain import (
 from usp_schemas import SLOT_UNAVAILABLE, TimeWindow
 from usp_workers.storage import db
 from usp_workers.storage.models import Delivery, EventRecord, Subscription
-
-from .support import ALICE, BOB, CAROL, NOW, Catalog, call, ok, refused, run
 
 A = "https://a.example/.well-known/ucp"
 B = "https://b.example/.well-known/ucp"

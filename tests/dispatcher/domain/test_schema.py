@@ -12,11 +12,10 @@ from sqlalchemy.engine import Engine
 from sqlmodel import SQLModel
 from typer.testing import CliRunner
 
+from tests.dispatcher.conftest import MakeClient
 from usp_dispatcher import cli, database
 from usp_dispatcher.domain.tables import DOMAIN_METADATA
 from usp_workers.storage import db
-
-from ..conftest import MakeClient
 
 DOMAIN_TABLES = {
     "sched_services",

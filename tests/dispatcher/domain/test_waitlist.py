@@ -8,6 +8,19 @@ from datetime import timedelta
 
 import pytest
 
+from tests.dispatcher.domain.support import (
+    ALICE,
+    BOB,
+    CAROL,
+    NOW,
+    Catalog,
+    event_types,
+    events,
+    ok,
+    refused,
+    run,
+    slot_counts,
+)
 from usp_dispatcher.domain import (
     OFFER_TTL,
     WAITLIST_ENTRY_NOT_FOUND,
@@ -35,8 +48,6 @@ from usp_schemas import (
     WaitlistJoined,
     WaitlistOffered,
 )
-
-from .support import ALICE, BOB, CAROL, NOW, Catalog, event_types, events, ok, refused, run, slot_counts
 
 DAN = Buyer(first_name="Dan", email="dan@example.com")
 #: Contains the first two ``cut`` slots (NOW + 1 d, NOW + 1 d 1 h), not the third (NOW + 2 d).

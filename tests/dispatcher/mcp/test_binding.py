@@ -15,18 +15,9 @@ from mcp_types import TextContent
 from sqlalchemy.engine import Engine
 from sqlmodel import col, func, select
 
-from usp_dispatcher import access
-from usp_receiver import JWKS, SigningKey
-from usp_receiver.dedupe import MemoryDedupe
-from usp_receiver.mcp import NotificationBinding, ReceivedNotification
-from usp_workers.engine import keys
-from usp_workers.settings import Settings
-from usp_workers.storage import db
-from usp_workers.storage.models import EventRecord
-
-from ..conftest import ADMIN_TOKEN, MakeSettings
-from .conftest import connect, stdio_parameters
-from .support import (
+from tests.dispatcher.conftest import ADMIN_TOKEN, MakeSettings
+from tests.dispatcher.mcp.conftest import connect, stdio_parameters
+from tests.dispatcher.mcp.support import (
     ALICE,
     BOB,
     HAIRCUT,
@@ -40,7 +31,15 @@ from .support import (
     usp,
     window,
 )
-from .test_stdio import INITIALIZE, RawSession, _spawn
+from tests.dispatcher.mcp.test_stdio import INITIALIZE, RawSession, _spawn
+from usp_dispatcher import access
+from usp_receiver import JWKS, SigningKey
+from usp_receiver.dedupe import MemoryDedupe
+from usp_receiver.mcp import NotificationBinding, ReceivedNotification
+from usp_workers.engine import keys
+from usp_workers.settings import Settings
+from usp_workers.storage import db
+from usp_workers.storage.models import EventRecord
 
 pytestmark = pytest.mark.anyio
 

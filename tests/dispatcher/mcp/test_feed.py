@@ -12,15 +12,14 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 from sqlmodel import select
 
+from tests.dispatcher.conftest import ADMIN_TOKEN, MakeSettings
+from tests.dispatcher.mcp.conftest import connect
+from tests.dispatcher.mcp.support import OTHER_PROFILE, PROFILE, ok, outcome, refused, usp
 from usp_dispatcher import feed
 from usp_dispatcher.domain.tables import IdempotencyRecord
 from usp_workers.settings import Settings
 from usp_workers.storage import db
 from usp_workers.storage.models import Subscription, Transport
-
-from ..conftest import ADMIN_TOKEN, MakeSettings
-from .conftest import connect
-from .support import OTHER_PROFILE, PROFILE, ok, outcome, refused, usp
 
 pytestmark = pytest.mark.anyio
 

@@ -12,6 +12,9 @@ import pytest
 from sqlalchemy.engine import Engine
 from sqlmodel import col, select
 
+from tests.dispatcher.conftest import ADMIN_TOKEN
+from tests.dispatcher.mcp.conftest import connect
+from tests.dispatcher.mcp.support import ALICE, BOB, HAIRCUT, PROFILE, book, free_slots, ok, usp
 from tests.workers.conftest import hub_server
 from tests.workers.endpoints import UspReceiver
 from tests.workers.support import Endpoints
@@ -23,10 +26,6 @@ from usp_workers.engine.delivery import deliver_batch_sync
 from usp_workers.settings import Settings
 from usp_workers.storage import db
 from usp_workers.storage.models import Delivery, EventRecord
-
-from ..conftest import ADMIN_TOKEN
-from .conftest import connect
-from .support import ALICE, BOB, HAIRCUT, PROFILE, book, free_slots, ok, usp
 
 pytestmark = pytest.mark.anyio
 

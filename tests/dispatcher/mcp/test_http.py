@@ -19,15 +19,14 @@ from mcp.client.streamable_http import streamable_http_client
 from sqlalchemy.engine import Engine
 from sqlmodel import col, select
 
+from tests.dispatcher.conftest import Serve
+from tests.dispatcher.mcp.support import ALICE, HAIRCUT, PROFILE, free_slots, ok, refused, usp
+from tests.dispatcher.mcp.test_tools import TOOL_NAMES
 from usp_dispatcher.app import create_app
 from usp_schemas import EVENT_TYPES, OUTCOME_CODES, USP_VERSION
 from usp_workers.settings import Settings
 from usp_workers.storage import db
 from usp_workers.storage.models import EventRecord
-
-from ..conftest import Serve
-from .support import ALICE, HAIRCUT, PROFILE, free_slots, ok, refused, usp
-from .test_tools import TOOL_NAMES
 
 pytestmark = pytest.mark.anyio
 

@@ -8,12 +8,11 @@ from pathlib import Path
 import pytest
 from sqlalchemy.engine import Engine
 
+from tests.dispatcher.mcp.conftest import connect
+from tests.dispatcher.mcp.support import ALICE, HAIRCUT, OTHER_PROFILE, refused, usp, window
 from usp_receiver import SigningKey
 from usp_workers.settings import Settings
 from usp_workers.storage import db
-
-from .conftest import connect
-from .support import ALICE, HAIRCUT, OTHER_PROFILE, refused, usp, window
 
 pytestmark = pytest.mark.anyio
 

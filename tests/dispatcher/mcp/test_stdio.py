@@ -16,11 +16,10 @@ from mcp import Client
 from sqlalchemy.engine import Engine
 from sqlmodel import select
 
+from tests.dispatcher.mcp.conftest import stdio_parameters
+from tests.dispatcher.mcp.support import ALICE, HAIRCUT, PROFILE, book, free_slots, ok, usp, window
 from usp_dispatcher.domain.tables import BookingRow
 from usp_workers.storage import db
-
-from .conftest import stdio_parameters
-from .support import ALICE, HAIRCUT, PROFILE, book, free_slots, ok, usp, window
 
 pytestmark = pytest.mark.anyio
 

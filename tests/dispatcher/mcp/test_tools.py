@@ -11,17 +11,9 @@ from mcp import Client
 from sqlalchemy.engine import Engine
 from sqlmodel import col, select
 
-from usp_dispatcher.domain.tables import BookingRow, WaitlistRow
-from usp_dispatcher.mcp import build_server
-from usp_dispatcher.mcp.live import LiveHub
-from usp_dispatcher.mcp.server import STDIO_SESSION
-from usp_workers.settings import Settings
-from usp_workers.storage import db
-from usp_workers.storage.models import EventRecord, Subscription
-
-from ..conftest import ADMIN_TOKEN, MakeSettings
-from .conftest import connect
-from .support import (
+from tests.dispatcher.conftest import ADMIN_TOKEN, MakeSettings
+from tests.dispatcher.mcp.conftest import connect
+from tests.dispatcher.mcp.support import (
     ALICE,
     BOB,
     HAIRCUT,
@@ -35,6 +27,13 @@ from .support import (
     usp,
     window,
 )
+from usp_dispatcher.domain.tables import BookingRow, WaitlistRow
+from usp_dispatcher.mcp import build_server
+from usp_dispatcher.mcp.live import LiveHub
+from usp_dispatcher.mcp.server import STDIO_SESSION
+from usp_workers.settings import Settings
+from usp_workers.storage import db
+from usp_workers.storage.models import EventRecord, Subscription
 
 pytestmark = pytest.mark.anyio
 

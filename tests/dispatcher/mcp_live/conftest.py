@@ -11,6 +11,7 @@ import pytest
 from fastapi import FastAPI
 from sqlalchemy.engine import Engine
 
+from tests.dispatcher.conftest import MakeSettings, Serve
 from usp_dispatcher import access, database
 from usp_dispatcher.app import create_app
 from usp_dispatcher.mcp.http import MCPEndpoint
@@ -18,8 +19,6 @@ from usp_receiver import JWKS
 from usp_workers.engine import keys
 from usp_workers.settings import Settings
 from usp_workers.storage import db
-
-from ..conftest import MakeSettings, Serve
 
 
 @pytest.fixture

@@ -12,16 +12,15 @@ import anyio
 import pytest
 from sqlalchemy.engine import Engine
 
+from tests.dispatcher.mcp.support import OTHER_PROFILE, PROFILE
+from tests.dispatcher.mcp_live.support import emit, wait_until
+from tests.dispatcher.support import event
 from usp_dispatcher.mcp.live import LiveHub
 from usp_receiver import JWKS, verify_notification_params
 from usp_workers.engine import keys, outbox
 from usp_workers.settings import Settings
 from usp_workers.storage import db
 from usp_workers.storage.models import Subscription, SubscriptionState
-
-from ..mcp.support import OTHER_PROFILE, PROFILE
-from ..support import event
-from .support import emit, wait_until
 
 pytestmark = pytest.mark.anyio
 

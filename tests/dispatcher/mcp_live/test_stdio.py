@@ -12,15 +12,14 @@ from mcp import Client
 from mcp.client.stdio import StdioServerParameters
 from sqlalchemy.engine import Engine
 
+from tests.dispatcher.conftest import ADMIN_TOKEN
+from tests.dispatcher.mcp.support import OTHER_PROFILE, PROFILE, ok, usp
+from tests.dispatcher.mcp_live.support import Platform, emit
 from usp_dispatcher import access
 from usp_receiver import JWKS
 from usp_workers.engine import keys
 from usp_workers.settings import Settings
 from usp_workers.storage import db
-
-from ..conftest import ADMIN_TOKEN
-from ..mcp.support import OTHER_PROFILE, PROFILE, ok, usp
-from .support import Platform, emit
 
 pytestmark = pytest.mark.anyio
 

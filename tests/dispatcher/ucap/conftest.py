@@ -18,10 +18,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from tests.dispatcher.conftest import MakeClient, Serve
 from usp_dispatcher.access.signatures import web_bot_auth_headers
 from usp_receiver import SigningKey
-
-from ..conftest import MakeClient, Serve
 
 DIRECTORY_MEDIA_TYPE = "application/http-message-signatures-directory+json"
 

@@ -13,9 +13,8 @@ from urllib.parse import urlsplit
 import httpx2
 from fastapi.testclient import TestClient
 
+from tests.dispatcher.ucap.conftest import Agent, signed
 from usp_dispatcher.ucap.seed import DEMO_PUBLICATION
-
-from .conftest import Agent, signed
 
 PRO = "tier_ai_weekly_pro"
 

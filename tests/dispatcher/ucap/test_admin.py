@@ -9,12 +9,11 @@ from pathlib import Path
 from fastapi.testclient import TestClient
 from typer.testing import CliRunner
 
+from tests.dispatcher.conftest import ADMIN, ADMIN_TOKEN, MakeSettings, Serve
+from tests.dispatcher.ucap.conftest import Agent, signed
+from tests.dispatcher.ucap.support import start_usdc
 from usp_dispatcher import cli
 from usp_dispatcher.app import create_app
-
-from ..conftest import ADMIN, ADMIN_TOKEN, MakeSettings, Serve
-from .conftest import Agent, signed
-from .support import start_usdc
 
 
 def test_publish_and_find(api: TestClient, alice: Agent) -> None:

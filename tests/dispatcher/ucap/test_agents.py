@@ -15,11 +15,10 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from fastapi.testclient import TestClient
 
+from tests.dispatcher.conftest import MakeClient
+from tests.dispatcher.ucap.conftest import Agent as SignedAgent
+from tests.dispatcher.ucap.conftest import Registry, signed
 from usp_dispatcher.ucap.seed import DEMO_PAID_POST, DEMO_PUBLICATION
-
-from ..conftest import MakeClient
-from .conftest import Agent as SignedAgent
-from .conftest import Registry, signed
 
 
 class OpenBotAuthAgent:

@@ -11,12 +11,11 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy.engine import Engine
 
+from tests.dispatcher.ucap.conftest import Agent, signed
 from usp_dispatcher.ucap.publishing import PostIn, PublicationIn, TierIn, add_post, add_publication
 from usp_dispatcher.ucap.seed import DEMO_PAID_POST, DEMO_PUBLICATION
 from usp_workers.storage import db
 from usp_workers.storage.models import utcnow
-
-from .conftest import Agent, signed
 
 
 def search(api: TestClient, agent: Agent, **body: Any) -> dict[str, Any]:

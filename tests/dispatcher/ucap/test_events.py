@@ -11,6 +11,9 @@ from fastapi.testclient import TestClient
 from sqlalchemy.engine import Engine
 from sqlmodel import col, select
 
+from tests.dispatcher.conftest import ADMIN, MakeSettings
+from tests.dispatcher.ucap.conftest import Agent
+from tests.dispatcher.ucap.support import pay, start_usdc
 from tests.workers.conftest import hub_server
 from tests.workers.endpoints import UspReceiver
 from tests.workers.support import Endpoints
@@ -22,10 +25,6 @@ from usp_workers.engine.delivery import deliver_batch_sync
 from usp_workers.settings import Settings
 from usp_workers.storage import db
 from usp_workers.storage.models import Delivery, EventRecord
-
-from ..conftest import ADMIN, MakeSettings
-from .conftest import Agent
-from .support import pay, start_usdc
 
 PLATFORM = "https://agents.example/profile.json"
 

@@ -12,12 +12,11 @@ from fastapi.testclient import TestClient
 from sqlalchemy.engine import Engine
 from sqlmodel import col, select
 
+from tests.dispatcher.ucap.conftest import Agent, MakeAgent, signed
+from tests.dispatcher.ucap.support import PRO, pay, start_usdc, x402_payment
 from usp_dispatcher.ucap.seed import DEMO_PAID_POST, DEMO_PUBLICATION
 from usp_workers.storage import db
 from usp_workers.storage.models import EventRecord
-
-from .conftest import Agent, MakeAgent, signed
-from .support import PRO, pay, start_usdc, x402_payment
 
 
 def event_types(engine: Engine) -> list[str]:

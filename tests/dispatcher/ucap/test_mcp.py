@@ -22,14 +22,13 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 from typer.testing import CliRunner
 
+from tests.dispatcher.conftest import MakeSettings, Serve
+from tests.dispatcher.ucap.conftest import Agent, Registry
 from usp_dispatcher import cli
 from usp_dispatcher.access.signatures import web_bot_auth_headers
 from usp_dispatcher.app import create_app
 from usp_dispatcher.ucap.seed import DEMO_PAID_POST, DEMO_PUBLICATION
 from usp_dispatcher.ucap.tools import UCAP_TOOLS
-
-from ..conftest import MakeSettings, Serve
-from .conftest import Agent, Registry
 
 pytestmark = pytest.mark.anyio
 

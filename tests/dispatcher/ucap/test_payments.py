@@ -22,6 +22,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
+from tests.dispatcher.conftest import MakeClient, MakeSettings, Serve
+from tests.dispatcher.ucap.conftest import Agent, signed
+from tests.dispatcher.ucap.support import pay, start_usdc, x402_payment
 from usp_dispatcher.app import create_app
 from usp_dispatcher.ucap import subscriptions
 from usp_dispatcher.ucap.payments import sandbox_facilitator_app
@@ -30,10 +33,6 @@ from usp_dispatcher.ucap.settings import UcapSettings
 from usp_dispatcher.ucap.tables import CheckoutRow, EntitlementRow, TierRow
 from usp_workers.storage import db
 from usp_workers.storage.models import EventRecord
-
-from ..conftest import MakeClient, MakeSettings, Serve
-from .conftest import Agent, signed
-from .support import pay, start_usdc, x402_payment
 
 PRO = "tier_ai_weekly_pro"
 WEBHOOK_SECRET = "whsec_test_7f1c"

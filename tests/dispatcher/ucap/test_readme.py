@@ -9,11 +9,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tests.dispatcher.conftest import Serve
 from tests.readme_blocks import block_after
 from usp_dispatcher.app import create_app
 from usp_workers.settings import Settings
-
-from ..conftest import Serve
 
 SECTION = "### The content server (UCAP)"
 

@@ -4,8 +4,8 @@
 do: docs/architecture.md, "Operator verbs".
 """
 
-from .errors import Conflict, InvalidRequest, NotFound, OperationError
-from .jobs import (
+from usp_workers.operations.errors import Conflict, InvalidRequest, NotFound, OperationError
+from usp_workers.operations.jobs import (
     JOB_BATCH,
     MAX_JOB_RESENDS,
     get_job,
@@ -16,7 +16,7 @@ from .jobs import (
     start_redrive,
     step_job,
 )
-from .listing import (
+from usp_workers.operations.listing import (
     dead_letter,
     event_detail,
     list_events,
@@ -24,9 +24,9 @@ from .listing import (
     list_subscriptions,
     platform_deliveries,
 )
-from .query import MAX_PAGE, decode_cursor, encode_cursor
-from .replay import replay_event
-from .subscriptions import (
+from usp_workers.operations.query import MAX_PAGE, decode_cursor, encode_cursor
+from usp_workers.operations.replay import replay_event
+from usp_workers.operations.subscriptions import (
     DELETED,
     DISABLED_BY_OPERATOR,
     HEALTH_WINDOW,
@@ -36,7 +36,7 @@ from .subscriptions import (
     set_subscription_state,
     subscription_health,
 )
-from .views import (
+from usp_workers.operations.views import (
     AttemptView,
     DeadLetterFilter,
     DeliveryView,
