@@ -99,6 +99,6 @@ def _no_outage_carried_over() -> None:
     if outage is not None:
         outage.BROKER_OUTAGE.reset()
         outage.DATABASE_OUTAGE.reset()
-    problems = sys.modules.get("usp_dispatcher.problems")
+    problems = sys.modules.get("usp_dispatcher.web.problems")
     if problems is not None:
         problems.OUTAGE.reset()

@@ -21,7 +21,7 @@ from pydantic import SecretStr
 from sqlalchemy.engine import Engine
 
 from tests.servers import running
-from usp_dispatcher.app import create_app
+from usp_dispatcher.api.app import create_app
 from usp_workers.settings import Settings
 from usp_workers.storage import db
 

@@ -14,9 +14,9 @@ from sqlmodel import col, func, select
 from tests.dispatcher.conftest import ADMIN
 from tests.dispatcher.support import assert_problem, event, subscribe
 from tests.schemas.samples import booking
-from usp_dispatcher import intake
-from usp_dispatcher.intake import Outcome, Status, accept_events
-from usp_dispatcher.routes.events import MAX_BATCH_EVENTS, MAX_EVENT_BYTES
+from usp_dispatcher.api.events import MAX_BATCH_EVENTS, MAX_EVENT_BYTES
+from usp_dispatcher.webhooks import intake
+from usp_dispatcher.webhooks.intake import Outcome, Status, accept_events
 from usp_workers.storage import db
 from usp_workers.storage.models import Delivery, EventRecord
 

@@ -26,8 +26,8 @@ from tests.dispatcher.domain.support import (
 )
 from usp_dispatcher import cli, database
 from usp_dispatcher.domain import cancel_booking, create_booking, get_waitlist_entry, join_waitlist
+from usp_dispatcher.domain.housekeeping import IDEMPOTENCY_RETENTION, housekeeping_once, housekeeping_thread
 from usp_dispatcher.domain.tables import IdempotencyRecord
-from usp_dispatcher.housekeeping import IDEMPOTENCY_RETENTION, housekeeping_once, housekeeping_thread
 from usp_schemas import TimeWindow, WaitlistEntry
 from usp_workers.storage import db
 from usp_workers.storage.models import utcnow

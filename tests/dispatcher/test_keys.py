@@ -14,7 +14,7 @@ from sqlmodel import select
 from typer.testing import CliRunner, Result
 
 from tests.dispatcher.conftest import ADMIN_TOKEN, MakeClient, MakeSettings, Serve
-from usp_dispatcher.app import create_app
+from usp_dispatcher.api.app import create_app
 from usp_dispatcher.cli import app as cli
 from usp_receiver import JWKS
 from usp_workers.engine import keys

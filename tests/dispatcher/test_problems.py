@@ -10,7 +10,7 @@ from fastapi.testclient import TestClient
 
 from tests.dispatcher.conftest import ADMIN, MakeClient, MakeSettings
 from tests.dispatcher.support import assert_problem
-from usp_dispatcher.app import create_app
+from usp_dispatcher.api.app import create_app
 
 SECRET_TEXT = "connection string postgresql://admin:hunter2@db"
 

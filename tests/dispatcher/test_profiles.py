@@ -10,7 +10,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, RedirectResponse,
 
 from tests.dispatcher.conftest import ADMIN, MakeClient, Serve
 from tests.dispatcher.support import assert_problem
-from usp_dispatcher.profiles import MAX_PROFILE_BYTES
+from usp_dispatcher.webhooks.profiles import MAX_PROFILE_BYTES
 
 PATH = "/services/feed/profiles"
 

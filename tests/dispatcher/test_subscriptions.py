@@ -8,7 +8,7 @@ from fastapi.testclient import TestClient
 from tests.dispatcher.conftest import ADMIN, MakeClient
 from tests.dispatcher.support import assert_problem, subscribe
 from usp_dispatcher.errors import Refused
-from usp_dispatcher.feed import normalize_event_types
+from usp_dispatcher.webhooks.feed import normalize_event_types
 from usp_schemas import EVENT_TYPES
 
 PATH = "/services/feed/subscriptions"

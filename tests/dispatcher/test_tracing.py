@@ -22,7 +22,7 @@ from sqlmodel import Session, col, select
 
 from tests.dispatcher.conftest import ADMIN, MakeSettings, Serve
 from tests.dispatcher.support import subscribe
-from usp_dispatcher.app import create_app
+from usp_dispatcher.api.app import create_app
 from usp_receiver import JWKS, ReceivedWebhook, Verifier, WebhookReceiver
 from usp_receiver._receive import Outcome
 from usp_receiver._tracing import traced
@@ -139,7 +139,7 @@ def test_without_tracing_no_span_is_made_and_no_context_stored(
 def _sample() -> dict[str, object]:
     import json
 
-    from usp_dispatcher.samples import sample_event
+    from usp_dispatcher.webhooks.samples import sample_event
 
     body: dict[str, object] = json.loads(sample_event("booking.confirmed"))
     return body

@@ -28,7 +28,7 @@ from pydantic import SecretStr
 from tests.dispatcher.conftest import Serve
 from tests.dispatcher.support import event
 from tests.readme_blocks import block_after
-from usp_dispatcher.supervisor import child_environment, display_host
+from usp_dispatcher.cli.supervisor import child_environment, display_host
 from usp_receiver import JWKS, ReceivedWebhook, Verifier, WebhookReceiver
 from usp_receiver.asgi import WebhookApp
 from usp_workers.settings import Settings

@@ -31,7 +31,7 @@ from rich.table import Table
 from rich.text import Text
 
 from usp_dispatcher.cli.output import Json, add_row, age, print_json, short_id, table
-from usp_dispatcher.samples import sample_event
+from usp_dispatcher.webhooks.samples import sample_event
 from usp_receiver import ReceivedWebhook, RemoteJWKS, Verifier, WebhookReceiver
 from usp_receiver.asgi import WebhookApp
 from usp_receiver.dedupe import MemoryDedupe

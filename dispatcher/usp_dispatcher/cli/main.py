@@ -116,7 +116,7 @@ def api(
     """Serve the HTTP API (events, subscriptions, JWKS) with uvicorn."""
     import uvicorn
 
-    from usp_dispatcher.app import create_app
+    from usp_dispatcher.api.app import create_app
 
     uvicorn.run(create_app(load_settings()), host=host, port=port)
 
@@ -152,7 +152,7 @@ def worker(
 def scheduler() -> None:
     """Run the scheduler: enqueue due deliveries, reclaim expired leases, expire waitlist offers
     (one is enough; two are safe)."""
-    from usp_dispatcher.housekeeping import housekeeping_thread
+    from usp_dispatcher.domain.housekeeping import housekeeping_thread
     from usp_workers.runtime import tasks
     from usp_workers.runtime.relay import run_relay
 
@@ -187,7 +187,7 @@ def up(
     folder. Without USP_ADMIN_TOKEN, an admin token is generated for this session and printed
     once.
     """
-    from usp_dispatcher.supervisor import run_up
+    from usp_dispatcher.cli.supervisor import run_up
 
     raise typer.Exit(
         run_up(load_settings(), host=host, port=port, concurrency=concurrency, console=console, dev=dev)

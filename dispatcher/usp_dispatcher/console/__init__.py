@@ -2,7 +2,7 @@
 portal (``/portal``, :mod:`.portal`), server-rendered pages over the admin operations.
 
 They call :mod:`usp_workers.operations` as ``/admin`` does (no query layer of their own); only
-:mod:`usp_dispatcher.app` and the admin routes (portal links) import them.
+:mod:`usp_dispatcher.api.app` and the admin routes (portal links) import them.
 """
 
 from usp_dispatcher.console import portal

@@ -27,8 +27,8 @@ from usp_dispatcher.console.web import (
     session_dependencies,
     utc,
 )
-from usp_dispatcher.deps import SessionDep, SettingsDep, get_engine
-from usp_dispatcher.problems import HTTPProblem
+from usp_dispatcher.web.deps import SessionDep, SettingsDep, get_engine
+from usp_dispatcher.web.problems import HTTPProblem
 from usp_workers import operations
 from usp_workers.engine import keys
 from usp_workers.operations import DeadLetterFilter, EventFilter, activity

@@ -13,13 +13,13 @@ from fastapi import APIRouter, Depends, Form, Query, Request
 from fastapi.responses import HTMLResponse, Response
 from sqlmodel import Session, col, select
 
-from usp_dispatcher import probes
 from usp_dispatcher.console import session as login
 from usp_dispatcher.console.session import Login
 from usp_dispatcher.console.web import UNSETTLED, admin_token, call, redirect, render, session_dependencies
-from usp_dispatcher.deps import ResolverDep, SessionDep, SettingsDep
 from usp_dispatcher.errors import DispatcherError, TooSoon
-from usp_dispatcher.samples import sample_event
+from usp_dispatcher.web.deps import ResolverDep, SessionDep, SettingsDep
+from usp_dispatcher.webhooks import probes
+from usp_dispatcher.webhooks.samples import sample_event
 from usp_schemas import EVENT_TYPES
 from usp_workers import operations
 from usp_workers.engine.outbox import emit, event_matches

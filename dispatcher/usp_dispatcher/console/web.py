@@ -16,8 +16,8 @@ from fastapi.templating import Jinja2Templates
 
 from usp_dispatcher.console import session as login
 from usp_dispatcher.console.session import Login
-from usp_dispatcher.deps import SettingsDep
-from usp_dispatcher.problems import HTTPProblem
+from usp_dispatcher.web.deps import SettingsDep
+from usp_dispatcher.web.problems import HTTPProblem
 from usp_workers.settings import Settings
 from usp_workers.storage.models import DeliveryStatus
 

@@ -4,7 +4,7 @@ Every function takes a ``Session`` and typed inputs and returns a ``usp_schemas`
 :class:`Outcome` (a business refusal with ``messages[]``); none raises for a business outcome and
 none commits. Each state change emits its event through ``usp_workers.engine.outbox.emit`` in the same
 session, so the caller's commit writes the change and its webhooks together. The REST routes
-(:mod:`usp_dispatcher.routes.scheduling`) call them through :func:`perform` (idempotency keys,
+(:mod:`usp_dispatcher.api.scheduling`) call them through :func:`perform` (idempotency keys,
 commit); each USP MCP tool maps to exactly one of them:
 
 ========================== ==========================

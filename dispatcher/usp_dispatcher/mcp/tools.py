@@ -1,7 +1,7 @@
 """The USP MCP tools: their table (name, description, access class, ``inputSchema``) and handlers.
 
 Each tool is a thin wrapper over exactly one service function, the one its REST route calls
-(:mod:`usp_dispatcher.domain` for scheduling, :mod:`usp_dispatcher.feed` for subscriptions), with
+(:mod:`usp_dispatcher.domain` for scheduling, :mod:`usp_dispatcher.webhooks.feed` for subscriptions), with
 the same argument models as the route where there is one, and, for a state change, the same
 :func:`usp_dispatcher.domain.perform` (idempotency, one commit for the change and its events). What
 the MCP layer adds is who the caller is (:class:`ToolCall`, after ``access.authorize``):
@@ -32,13 +32,14 @@ from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy.engine import Engine
 from sqlmodel import Session
 
-from usp_dispatcher import access, domain, feed
+from usp_dispatcher import access, domain
 from usp_dispatcher.access import Access, Caller
 from usp_dispatcher.domain.inputs import BookingIn, CancelIn, RescheduleIn, WaitlistIn
 from usp_dispatcher.domain.outcomes import booking_not_found, waitlist_entry_not_found
 from usp_dispatcher.errors import NotFound, Refused
 from usp_dispatcher.mcp.protocol import INVALID_PARAMS, UNAUTHENTICATED, protocol_error
 from usp_dispatcher.mcp.results import CAPABILITIES, business_outcome
+from usp_dispatcher.webhooks import feed
 from usp_receiver import jwk_thumbprint
 from usp_schemas.generate import readable_schema
 from usp_workers.engine.ssrf import Resolver

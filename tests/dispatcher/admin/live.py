@@ -23,7 +23,7 @@ from tests.workers.conftest import hub_server
 from tests.workers.endpoints import Hub
 from tests.workers.support import Pipeline, WorkerProcess
 from usp_dispatcher import cli
-from usp_dispatcher.app import create_app
+from usp_dispatcher.api.app import create_app
 from usp_receiver import JWKS
 from usp_workers.storage.models import Delivery
 

@@ -24,7 +24,7 @@ from tests.dispatcher.conftest import ADMIN
 from tests.workers.endpoints import Answer, UspReceiver
 from usp_dispatcher import cli
 from usp_dispatcher.cli.output import short_id
-from usp_dispatcher.samples import sample_event
+from usp_dispatcher.webhooks.samples import sample_event
 from usp_schemas import EVENT_TYPES, parse_event
 from usp_workers.storage.models import Delivery, DeliveryStatus, Subscription
 

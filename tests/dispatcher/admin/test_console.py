@@ -24,7 +24,7 @@ from tests.dispatcher.admin.browser import screenshot
 from tests.dispatcher.admin.live import Live, deliveries, event_id_in, wait_until
 from tests.dispatcher.conftest import ADMIN, ADMIN_TOKEN
 from tests.workers.endpoints import Answer, UspReceiver
-from usp_dispatcher.samples import sample_event
+from usp_dispatcher.webhooks.samples import sample_event
 from usp_workers.storage.models import Delivery, DeliveryStatus, Subscription
 
 pytestmark = pytest.mark.parametrize("database_url", ["postgresql"], indirect=True)

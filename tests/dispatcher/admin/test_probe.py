@@ -16,7 +16,7 @@ from tests.dispatcher.conftest import ADMIN, ADMIN_TOKEN, MakeSettings, Serve
 from tests.servers import running, serving
 from tests.workers.endpoints import Answer
 from usp_dispatcher import cli
-from usp_dispatcher.app import create_app
+from usp_dispatcher.api.app import create_app
 from usp_receiver import JWKS, Verifier, WebhookReceiver
 from usp_receiver.fastapi import webhook_router
 

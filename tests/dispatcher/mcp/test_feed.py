@@ -1,6 +1,6 @@
 """``usp_feed_subscriptions_*`` beyond their success paths: idempotency keys on creation (the
 subscription is written in :func:`usp_dispatcher.domain.perform`'s transaction) and whose
-subscriptions a listing shows (one filter, :func:`usp_dispatcher.feed.list_subscriptions`)."""
+subscriptions a listing shows (one filter, :func:`usp_dispatcher.webhooks.feed.list_subscriptions`)."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ from sqlmodel import select
 from tests.dispatcher.conftest import ADMIN_TOKEN, MakeSettings
 from tests.dispatcher.mcp.conftest import connect
 from tests.dispatcher.mcp.support import OTHER_PROFILE, PROFILE, ok, outcome, refused, usp
-from usp_dispatcher import feed
 from usp_dispatcher.domain.tables import IdempotencyRecord
+from usp_dispatcher.webhooks import feed
 from usp_workers.settings import Settings
 from usp_workers.storage import db
 from usp_workers.storage.models import Subscription, Transport

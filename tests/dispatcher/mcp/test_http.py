@@ -22,7 +22,7 @@ from sqlmodel import col, select
 from tests.dispatcher.conftest import Serve
 from tests.dispatcher.mcp.support import ALICE, HAIRCUT, PROFILE, free_slots, ok, refused, usp
 from tests.dispatcher.mcp.test_tools import TOOL_NAMES
-from usp_dispatcher.app import create_app
+from usp_dispatcher.api.app import create_app
 from usp_schemas import EVENT_TYPES, OUTCOME_CODES, USP_VERSION
 from usp_workers.settings import Settings
 from usp_workers.storage import db

@@ -464,7 +464,7 @@ async def test_the_business_reusing_a_key_for_another_profile_is_a_conflict_not_
 async def test_the_booking_input_is_described_in_each_tools_input_schema(
     mcp_engine: Engine, settings: Settings
 ) -> None:
-    from usp_dispatcher.routes.discovery import business_profile
+    from usp_dispatcher.api.discovery import business_profile
 
     async with connect(mcp_engine, settings) as client:
         listed = {tool.name: tool.input_schema for tool in (await client.list_tools()).tools}

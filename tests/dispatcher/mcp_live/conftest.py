@@ -13,7 +13,7 @@ from sqlalchemy.engine import Engine
 
 from tests.dispatcher.conftest import MakeSettings, Serve
 from usp_dispatcher import access, database
-from usp_dispatcher.app import create_app
+from usp_dispatcher.api.app import create_app
 from usp_dispatcher.mcp.http import MCPEndpoint
 from usp_receiver import JWKS
 from usp_workers.engine import keys

@@ -13,7 +13,7 @@ from tests.dispatcher.conftest import ADMIN, ADMIN_TOKEN, MakeSettings, Serve
 from tests.dispatcher.ucap.conftest import Agent, signed
 from tests.dispatcher.ucap.support import start_usdc
 from usp_dispatcher import cli
-from usp_dispatcher.app import create_app
+from usp_dispatcher.api.app import create_app
 
 
 def test_publish_and_find(api: TestClient, alice: Agent) -> None:

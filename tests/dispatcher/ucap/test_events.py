@@ -86,7 +86,7 @@ def test_content_events_are_signed_and_delivered(
 
 
 def test_trigger_posts_a_content_sample(api: TestClient, engine: Engine) -> None:
-    from usp_dispatcher.samples import sample_event
+    from usp_dispatcher.webhooks.samples import sample_event
     from usp_schemas import EVENT_TYPES, parse_event
 
     for kind in [k for k in EVENT_TYPES if k.startswith("content.")]:

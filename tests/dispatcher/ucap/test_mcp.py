@@ -26,7 +26,7 @@ from tests.dispatcher.conftest import MakeSettings, Serve
 from tests.dispatcher.ucap.conftest import Agent, Registry
 from usp_dispatcher import cli
 from usp_dispatcher.access.signatures import web_bot_auth_headers
-from usp_dispatcher.app import create_app
+from usp_dispatcher.api.app import create_app
 from usp_dispatcher.ucap.seed import DEMO_PAID_POST, DEMO_PUBLICATION
 from usp_dispatcher.ucap.tools import UCAP_TOOLS
 

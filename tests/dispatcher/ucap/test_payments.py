@@ -25,7 +25,7 @@ from starlette.routing import Route
 from tests.dispatcher.conftest import MakeClient, MakeSettings, Serve
 from tests.dispatcher.ucap.conftest import Agent, signed
 from tests.dispatcher.ucap.support import pay, start_usdc, x402_payment
-from usp_dispatcher.app import create_app
+from usp_dispatcher.api.app import create_app
 from usp_dispatcher.ucap import subscriptions
 from usp_dispatcher.ucap.payments import sandbox_facilitator_app
 from usp_dispatcher.ucap.seed import DEMO_PAID_POST, DEMO_PUBLICATION

@@ -35,7 +35,7 @@ DISABLED_BY_OPERATOR = "disabled by an operator"
 
 
 #: ``disabled_reason`` of a subscription deleted through the feed API: never enabled again
-#: (the one definition: ``usp_dispatcher.feed`` writes it, :func:`set_subscription_state` reads it).
+#: (the one definition: ``usp_dispatcher.webhooks.feed`` writes it, :func:`set_subscription_state` reads it).
 DELETED = "deleted"
 
 

@@ -12,7 +12,7 @@ from fastapi.concurrency import run_in_threadpool
 from sqlmodel import Session
 
 from usp_dispatcher.errors import TooSoon
-from usp_dispatcher.feed import check_url
+from usp_dispatcher.webhooks.feed import check_url
 from usp_workers.engine.keycache import current_signing_keys
 from usp_workers.engine.ssrf import Resolver
 from usp_workers.engine.transport import make_client

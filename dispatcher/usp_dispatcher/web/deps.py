@@ -1,6 +1,6 @@
 """What routes get injected: the settings, the engine, and a database session per request.
 
-They live on ``app.state`` (set by the lifespan in :mod:`usp_dispatcher.app`), not in module
+They live on ``app.state`` (set by the lifespan in :mod:`usp_dispatcher.api.app`), not in module
 globals, so tests can run several apps with different settings and databases side by side.
 """
 

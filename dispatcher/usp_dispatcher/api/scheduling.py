@@ -52,7 +52,7 @@ from usp_dispatcher.domain.content import AvailabilityContent, BookingContent, C
 from usp_dispatcher.domain.inputs import BookingIn, CancelIn, RescheduleIn, WaitlistIn
 from usp_dispatcher.mcp.protocol import validation_text
 from usp_dispatcher.mcp.tools import REST_ONLY, TOOLS_BY_NAME, ToolCall, ToolSpec, UspMeta, read_meta
-from usp_dispatcher.problems import HTTPProblem
+from usp_dispatcher.web.problems import HTTPProblem
 from usp_schemas import StructuredContent
 from usp_workers.storage import db
 

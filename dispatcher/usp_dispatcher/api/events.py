@@ -12,11 +12,11 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 
-from usp_dispatcher.auth import AdminDep
-from usp_dispatcher.deps import SessionDep
 from usp_dispatcher.errors import Conflict
-from usp_dispatcher.intake import Intake, Outcome, Status, accept_events
-from usp_dispatcher.problems import HTTPProblem, validation_summary
+from usp_dispatcher.web.auth import AdminDep
+from usp_dispatcher.web.deps import SessionDep
+from usp_dispatcher.web.problems import HTTPProblem, validation_summary
+from usp_dispatcher.webhooks.intake import Intake, Outcome, Status, accept_events
 from usp_schemas import EventValidationError
 
 __all__ = ["MAX_BATCH_EVENTS", "MAX_EVENT_BYTES", "router"]

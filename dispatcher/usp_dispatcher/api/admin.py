@@ -17,11 +17,11 @@ from fastapi.concurrency import run_in_threadpool
 from pydantic import BaseModel, ConfigDict, Field
 from sqlmodel import Session, col, select
 
-from usp_dispatcher import probes
-from usp_dispatcher.auth import AdminDep
 from usp_dispatcher.console import portal
-from usp_dispatcher.deps import ResolverDep, SessionDep, SettingsDep
-from usp_dispatcher.problems import HTTPProblem
+from usp_dispatcher.web.auth import AdminDep
+from usp_dispatcher.web.deps import ResolverDep, SessionDep, SettingsDep
+from usp_dispatcher.web.problems import HTTPProblem
+from usp_dispatcher.webhooks import probes
 from usp_workers import operations
 from usp_workers.engine import keys
 from usp_workers.operations import DeadLetterFilter, EventFilter

@@ -15,9 +15,9 @@ from fastapi import APIRouter
 from fastapi.responses import JSONResponse
 
 from usp_dispatcher import access
-from usp_dispatcher.deps import SettingsDep
 from usp_dispatcher.mcp.results import CAPABILITIES
 from usp_dispatcher.mcp.tools import TOOLS
+from usp_dispatcher.web.deps import SettingsDep
 from usp_schemas import EVENT_TYPES, USP_VERSION
 from usp_workers.settings import Settings
 

@@ -19,17 +19,17 @@ from opentelemetry.instrumentation.fastapi import FastAPIInstrumentor
 from sqlalchemy.engine import Engine
 
 from usp_dispatcher import console, database
+from usp_dispatcher.api import admin, discovery, events, feed, health, scheduling, wellknown
+from usp_dispatcher.api import metrics as metrics_routes
+from usp_dispatcher.api import ucap as ucap_routes
 from usp_dispatcher.domain import ensure_demo_catalog
-from usp_dispatcher.intake import Intake
 from usp_dispatcher.mcp.http import MCP_PATH, mount_mcp
-from usp_dispatcher.problems import install_problem_handlers
-from usp_dispatcher.request_guard import RefuseNul
-from usp_dispatcher.routes import admin, discovery, events, feed, health, scheduling, wellknown
-from usp_dispatcher.routes import metrics as metrics_routes
-from usp_dispatcher.routes import ucap as ucap_routes
 from usp_dispatcher.ucap.seed import ensure_demo_content
 from usp_dispatcher.ucap.service import UcapService
 from usp_dispatcher.ucap.settings import UcapSettings
+from usp_dispatcher.web.problems import install_problem_handlers
+from usp_dispatcher.web.request_guard import RefuseNul
+from usp_dispatcher.webhooks.intake import Intake
 from usp_workers.engine import keys, tracing
 from usp_workers.runtime import tasks
 from usp_workers.runtime.heap import freeze_startup_heap

@@ -14,7 +14,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 from sqlalchemy.engine import Engine
 
-from usp_dispatcher.deps import SettingsDep, get_engine
+from usp_dispatcher.web.deps import SettingsDep, get_engine
 from usp_workers.runtime import readiness
 
 __all__ = ["router"]

@@ -17,9 +17,6 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 from sqlmodel import Session, col, select
 
-from usp_dispatcher.auth import AdminDep
-from usp_dispatcher.deps import SessionDep, SettingsDep
-from usp_dispatcher.problems import HTTPProblem, problem_response
 from usp_dispatcher.ucap.agents import Agent
 from usp_dispatcher.ucap.answers import Answer, UcapError
 from usp_dispatcher.ucap.catalog import tier_view
@@ -42,6 +39,9 @@ from usp_dispatcher.ucap.tables import (
     TierRow,
 )
 from usp_dispatcher.ucap.tools import UCAP_TOOLS
+from usp_dispatcher.web.auth import AdminDep
+from usp_dispatcher.web.deps import SessionDep, SettingsDep
+from usp_dispatcher.web.problems import HTTPProblem, problem_response
 
 __all__ = ["admin_router", "install_ucap_errors", "router", "service_of"]
 

@@ -20,8 +20,8 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from prometheus_client import CONTENT_TYPE_LATEST
 from sqlalchemy.engine import Engine
 
-from usp_dispatcher.auth import require_admin
-from usp_dispatcher.deps import SettingsDep, get_engine
+from usp_dispatcher.web.auth import require_admin
+from usp_dispatcher.web.deps import SettingsDep, get_engine
 from usp_workers.runtime import metrics
 
 __all__ = ["router"]

@@ -20,7 +20,7 @@ from sqlmodel import Session
 
 from usp_dispatcher.documents import DocumentUnavailable, fetch_document
 from usp_dispatcher.errors import Refused
-from usp_dispatcher.feed import SubscriptionSpec, check_url, upsert_profile_subscription
+from usp_dispatcher.webhooks.feed import SubscriptionSpec, check_url, upsert_profile_subscription
 from usp_workers.engine.ssrf import ResolvedTarget, Resolver
 from usp_workers.settings import Settings
 from usp_workers.storage.models import Subscription, Transport

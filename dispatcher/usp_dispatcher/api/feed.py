@@ -1,7 +1,7 @@
 """``/services/feed/*``: subscriptions and platform-profile registration.
 
 Admin-authenticated for now; platform credentials (bound to the platform's profile) come with the
-MCP surface, which calls the same :mod:`usp_dispatcher.feed` functions.
+MCP surface, which calls the same :mod:`usp_dispatcher.webhooks.feed` functions.
 """
 
 from __future__ import annotations
@@ -14,10 +14,10 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 from sqlmodel import Session
 
-from usp_dispatcher import feed
-from usp_dispatcher.auth import AdminDep
-from usp_dispatcher.deps import ResolverDep, SessionDep, SettingsDep
-from usp_dispatcher.profiles import register_profile
+from usp_dispatcher.web.auth import AdminDep
+from usp_dispatcher.web.deps import ResolverDep, SessionDep, SettingsDep
+from usp_dispatcher.webhooks import feed
+from usp_dispatcher.webhooks.profiles import register_profile
 from usp_workers.storage.models import OnDead, Ordering, Subscription, SubscriptionState, Transport
 
 __all__ = ["router"]

@@ -24,7 +24,7 @@ from urllib.parse import unquote_to_bytes
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from usp_dispatcher.problems import problem_response
+from usp_dispatcher.web.problems import problem_response
 
 __all__ = ["MAX_BODY_BYTES", "NUL_REFUSED", "RefuseNul", "contains_nul"]
 
