@@ -25,7 +25,7 @@ from typing import Any
 
 import pytest
 
-from tests.dispatcher.test_up import Up, assert_up_delivers_and_stops, free_port
+from tests.dispatcher.cli.test_up import Up, assert_up_delivers_and_stops, free_port
 from tests.servers import running
 
 REPO = Path(__file__).resolve().parents[1]

@@ -21,7 +21,7 @@ from typer.testing import CliRunner
 
 from usp_dispatcher.cli import app as cli_app
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 COMPOSE_FILE = REPO / "docker-compose.yml"
 DOCKERFILE = REPO / "Dockerfile"
 
