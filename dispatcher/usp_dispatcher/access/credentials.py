@@ -59,6 +59,9 @@ POP_TYP: Final = "usp-pop+jwt"
 #: The tools a booking-scoped credential opens (never ``usp_bookings_confirm``: business only).
 SCOPED_TOOLS: Final = ("usp_bookings_get", "usp_bookings_cancel", "usp_bookings_reschedule")
 PROOF_WINDOW_SECONDS: Final = 300
+#: ``params._meta`` members a transport adds after signing (W3C trace context and baggage, as
+#: OpenTelemetry's default propagators write them): outside ``usp_p``.
+TRACE_CONTEXT: Final = ("traceparent", "tracestate", "baggage")
 _CLOCK_SKEW: Final = 60
 
 
@@ -192,13 +195,22 @@ def proof_holds(proof: object, params: Mapping[str, Any], *, jkt: str, now: date
 def proof_digest(params: Mapping[str, Any]) -> str:
     """``usp_p``: base64url SHA-256 of the JCS of ``params`` without ``_meta.usp.authorization.proof``
     (looked for in ``params.arguments._meta``, where the binding puts ``_meta.usp``, and in
-    ``params._meta``). ``ValueError`` for params JCS cannot encode (e.g. a NaN).
+    ``params._meta``), and without the W3C trace context an MCP client's transport adds to
+    ``params._meta`` after the platform signed (SEP-414: the official SDK does whenever
+    OpenTelemetry is on); a ``params._meta`` left empty goes too. ``ValueError`` for params JCS
+    cannot encode (e.g. a NaN).
 
     >>> proof_digest({"name": "usp_bookings_get", "arguments": {"booking_id": "bkg_1"}})
     'eFRkRYGAS3JTRk2n9FbnqKxH8z03aFfntuqirWbGVjc'
     """
     stripped = copy.deepcopy(dict(params))
     _drop_proof(stripped)
+    meta = stripped.get("_meta")
+    if isinstance(meta, dict):
+        for name in TRACE_CONTEXT:
+            meta.pop(name, None)
+        if not meta:
+            del stripped["_meta"]
     arguments = stripped.get("arguments")
     if isinstance(arguments, dict):
         _drop_proof(arguments)

@@ -14,6 +14,7 @@ from tests.dispatcher.access.conftest import PROFILE
 from tests.dispatcher.conftest import MakeSettings
 from usp_dispatcher.access import (
     AccessError,
+    credentials,
     issue_booking_credential,
     make_pop_proof,
     proof_digest,
@@ -215,3 +216,18 @@ def test_proof_digest_is_the_jcs_sha256_of_params_without_the_proof() -> None:
     expected_input = params_with("cred")  # the same params, no proof member
     digest = hashlib.sha256(rfc8785.dumps(expected_input)).digest()
     assert proof_digest(params) == base64.urlsafe_b64encode(digest).rstrip(b"=").decode()
+
+
+def test_the_proof_digest_leaves_out_the_trace_context_a_transport_adds() -> None:
+    params = {"name": "usp_bookings_get", "arguments": {"booking_id": "bkg_1"}}
+    traced = {
+        **params,
+        "_meta": {
+            "traceparent": "00-" + "1" * 32 + "-" + "2" * 16 + "-01",
+            "tracestate": "a=b",
+            "baggage": "k=v",
+        },
+    }
+    assert credentials.proof_digest(traced) == credentials.proof_digest(params)
+    # Anything else in params._meta is signed.
+    assert credentials.proof_digest({**params, "_meta": {"other": 1}}) != credentials.proof_digest(params)

@@ -12,6 +12,10 @@ import anyio
 import pytest
 from mcp import Client
 from mcp_types import TextContent
+from opentelemetry import trace
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from sqlalchemy.engine import Engine
 from sqlmodel import col, func, select
 
@@ -36,7 +40,7 @@ from usp_dispatcher import access
 from usp_receiver import JWKS, SigningKey
 from usp_receiver.dedupe import MemoryDedupe
 from usp_receiver.mcp import NotificationBinding, ReceivedNotification
-from usp_workers.engine import keys
+from usp_workers.engine import keys, tracing
 from usp_workers.settings import Settings
 from usp_workers.storage import db
 from usp_workers.storage.models import EventRecord
@@ -364,3 +368,32 @@ async def test_should_5_the_proof_digest_is_over_jcs_canonical_params(
         await refused(client, tampered["name"], tampered["arguments"], -32001)
         cancelled = await ok(client, params["name"], params["arguments"])
     assert cancelled["booking"]["cancellation_reason"] == "buyer é ill"
+
+
+async def test_should_5_a_proof_holds_when_the_client_s_sdk_adds_trace_context(
+    mcp_engine: Engine, settings: Settings, acme_key: str
+) -> None:
+    """With OpenTelemetry on, the official client writes ``traceparent`` into ``params._meta``
+    after the platform made its proof (SEP-414): the proof still holds, and a changed argument
+    is still refused."""
+    exporter = InMemorySpanExporter()
+    # The process's first provider stays (OpenTelemetry's rule): watch whichever one that is.
+    tracing.configure("usp-webhooks-test", exporter=InMemorySpanExporter())
+    provider = trace.get_tracer_provider()
+    assert isinstance(provider, TracerProvider)
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    try:
+        platform_key = SigningKey.generate()
+        async with connect(mcp_engine, settings) as client:
+            slot = (await free_slots(client))[0]
+            body = await book(client, slot["id"], key=acme_key, platform_key=platform_key.public.jwk)
+            credential, booking_id = body["booking_scoped_credential"], body["booking"]["id"]
+            proven = _bound(credential, booking_id, "usp_bookings_get", platform_key)
+            got = await ok(client, proven["name"], proven["arguments"])
+            tampered = _bound(credential, booking_id, "usp_bookings_get", platform_key)
+            tampered["arguments"]["booking_id"] = "bkg_someone_else"
+            await refused(client, tampered["name"], tampered["arguments"], -32001)
+        assert got["booking"]["id"] == booking_id
+        assert any(span.name.startswith("MCP send tools/call") for span in exporter.get_finished_spans())
+    finally:
+        tracing.disable()
