@@ -1,10 +1,6 @@
 """The dispatcher's database schema: the delivery engine's migrations, then the domain's.
 
-Two Alembic chains share the database. ``usp_workers`` owns the ``usp_*`` tables (events,
-subscriptions, deliveries) and knows nothing of the business; the dispatcher owns the scheduling
-domain (``sched_*``, :mod:`usp_dispatcher.domain.tables`), with its own version table. The
-domain's chain runs second, so its revisions may rely on the engine's tables existing. Both are
-run by :func:`upgrade`, which ``usp-webhooks migrate``, ``up`` and the API's start-up call.
+Why it works this way: docs/architecture.md, "Notes by module", ``usp_dispatcher.database``.
 """
 
 from __future__ import annotations

@@ -1,13 +1,7 @@
 """Fetch a small document (a platform profile, an agent's key directory) from a URL the SSRF
 guard approved.
 
-One way for every document the service reads from a URL someone else gave it, because each
-rule matters for each of them: the GET goes to the checked address only
-(:func:`usp_workers.engine.ssrf.send_pinned`: the IP in the URL, the name in ``Host`` and SNI, no
-redirects followed, no proxies), within one timeout in all, reading at most ``max_bytes`` (a
-larger document is refused, never parsed cut short), and asking for ``identity`` encoding (a
-capped read of a compressed body would mean nothing, so a compressed answer is refused too).
-Callers turn a :class:`DocumentUnavailable` into their own error in their own words.
+Why it works this way: docs/architecture.md, "Notes by module", ``usp_dispatcher.documents``.
 """
 
 from __future__ import annotations

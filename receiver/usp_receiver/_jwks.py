@@ -1,16 +1,6 @@
 """Key sets: a static JWKS, a remote JWKS fetched over HTTPS with HTTP caching, and a chain of both.
 
-A business publishes its webhook keys as a JWK Set (RFC 7517) at ``/.well-known/usp/jwks.json`` and,
-in the same ``{"keys": [...]}`` shape, as a Web Bot Auth directory at
-``/.well-known/http-message-signatures-directory``. A receiver trusts whatever that document holds,
-so the remote resolver is careful about three things:
-
-* rotation: a signature naming a kid we have not seen makes us refetch, because the business
-  publishes a new key before signing with it;
-* load: those refetches are rate-limited, so a sender spraying random kids cannot turn every
-  receiver into an amplifier against the business;
-* availability: when the business is briefly unreachable we keep verifying with the keys we
-  already trust instead of rejecting every delivery.
+Why it works this way: docs/architecture.md, "Notes by module", ``usp_receiver._jwks``.
 """
 
 from __future__ import annotations

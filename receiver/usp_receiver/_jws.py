@@ -1,28 +1,6 @@
 """In-band signatures for ``usp_webhook`` notifications on a live MCP session.
 
-Over stdio or an MCP stream there are no HTTP headers per message, so an HTTP message signature
-cannot carry the proof. Instead ``params._meta.usp.signature`` holds a compact *detached* JWS
-(RFC 7515 Appendix F): ``<b64url(header)>..<b64url(signature)>``, the payload part left empty
-because the payload is the notification itself. The protected header is
-``{"alg": "EdDSA"|"ES256", "kid": ..., "typ": "usp-webhook+jws", "iat": ...}``.
-
-The signed payload is the RFC 8785 (JCS) canonical JSON of ``params`` with the signature removed,
-so key order, whitespace and number spelling on the wire do not matter: any JSON library on either
-side reproduces the same bytes. The removal rule, applied identically by signer and verifier:
-
-* delete the ``signature`` member of ``_meta.usp``;
-* then, if ``_meta.usp`` is an empty object, delete ``usp`` from ``_meta``;
-* then, if ``_meta`` is an empty object, delete ``_meta`` from ``params``.
-
-Emptiness is judged whether or not a signature was removed, so a sender's own empty ``_meta``
-and the one the removal leaves behind canonicalize alike.
-
-So a sender that had no ``_meta`` at all signs exactly its original params, and a receiver that
-never heard of this profile sees the same envelope plus one extra ``_meta`` member.
-
-JCS constrains values to I-JSON: integers must lie within ±(2**53 - 1), floats must be finite,
-object keys must be strings. Params outside that domain cannot be signed (``ValueError``) and never
-verify (:class:`~usp_receiver.MalformedSignature`).
+Why it works this way: docs/architecture.md, "Notes by module", ``usp_receiver._jws``.
 """
 
 from __future__ import annotations

@@ -1,10 +1,6 @@
 """The general path: ``http_message_signatures`` builds the signature base, our key checks it.
 
-Used for every signature the fast path declines (component parameters, ``@query-param``,
-``@status``, escaped strings, unusual URLs...). The library's public ``HTTPMessageVerifier.verify``
-is driven with a view of the message that carries just the one signature being tried, so it never
-has to choose among several, and with an algorithm class bound to the already-resolved key, so a
-failure inside the cryptography is told apart from a message it cannot resolve.
+Why it works this way: docs/architecture.md, "Notes by module", ``usp_receiver._library``.
 """
 
 from __future__ import annotations

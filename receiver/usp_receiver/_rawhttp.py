@@ -1,10 +1,6 @@
 """Raw HTTP/1.1 requests as text files: what the CLI signs and verifies.
 
-A saved request (from ``curl -v``, a proxy log or a hand-written file) is a request line, header
-lines, a blank line and the body. Line ends may be CRLF or LF (editors and pipes change them); the
-body is kept byte for byte, since the digest and signature are over its exact bytes. When
-``Content-Length`` is present the body is exactly that many bytes (a trailing newline added by an
-editor is dropped); without it the body is everything after the blank line.
+Why it works this way: docs/architecture.md, "Notes by module", ``usp_receiver._rawhttp``.
 """
 
 from __future__ import annotations

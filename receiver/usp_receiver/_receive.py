@@ -1,16 +1,6 @@
 """Receiving one webhook, independent of the web framework: verify, parse, dedupe, handle.
 
-Every framework integration (FastAPI, plain ASGI, the CLI) turns an HTTP request into a call to
-:meth:`WebhookReceiver.receive` and the :class:`Outcome` back into a response. The status codes
-are the contract with the sender, whose only signal is "2xx or not":
-
-* 2xx — accepted, or a duplicate of an event already handled: do not send it again;
-* 401 — the signature does not hold (RFC 9457 problem naming the reason);
-* 400 — signed, but not a USP event;
-* 409 — the same event is being handled right now by another request: come back later;
-* 5xx — our side failed (handler, dedupe store, key fetch): send it again later.
-
-Nothing accepted is lost: the dedupe claim is released when the handler fails, so the retry runs.
+Why it works this way: docs/architecture.md, "Notes by module", ``usp_receiver._receive``.
 """
 
 from __future__ import annotations

@@ -1,10 +1,6 @@
 """The full URL a sender signed, rebuilt from an ASGI request.
 
-RFC 9421 signs ``@authority`` and ``@path`` of the URL the *sender* used. Behind a proxy or a
-load balancer the app sees another host, scheme or path prefix, so integrations take a
-``public_url``: its scheme, authority and path replace what the app sees, and only the query
-string comes from the request. Without it, the URL is what the request itself says: the scope's
-scheme, the ``Host`` header (the server address when there is none), the raw path and the query.
+Why it works this way: docs/architecture.md, "Notes by module", ``usp_receiver._url``.
 """
 
 from __future__ import annotations

@@ -1,10 +1,6 @@
 """The base every wire model shares: optional fields that are unknown are left out, not sent as ``null``.
 
-The protocol says ``order_id`` and ``correlation_id`` appear "when known"; sending ``null`` would be
-legal JSON but would not match the documents' examples, and every sender would have to remember
-``exclude_none=True``. Doing it once here keeps ``model_dump_json()`` the wire form. Only *declared*
-fields whose default is ``None`` are dropped: an unknown extra field a business sent as ``null`` is
-passed on untouched.
+Why it works this way: docs/architecture.md, "Notes by module", ``usp_schemas._base``.
 """
 
 from __future__ import annotations

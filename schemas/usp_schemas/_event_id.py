@@ -1,10 +1,6 @@
 """Event ids: ``evt_`` + the 32 hex digits of a UUIDv7 (RFC 9562), time-ordered and monotonic.
 
-Python 3.11 has no ``uuid.uuid7``, so the layout is built here: 48 bits of Unix milliseconds, the
-version nibble 7, 12 + 62 bits of randomness around the variant bits. Within one millisecond (or if
-the wall clock steps back) the random part is incremented instead of redrawn (RFC 9562 section 6.2,
-method 2), so ids from one process sort in the order they were made. Sortable ids keep dedupe
-stores' indexes append-mostly and let an operator read the age of an event from its id.
+Why it works this way: docs/architecture.md, "Notes by module", ``usp_schemas._event_id``.
 """
 
 from __future__ import annotations

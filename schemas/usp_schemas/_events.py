@@ -1,11 +1,6 @@
 """The webhook event envelope and one model per event type, joined in a union tagged by ``event``.
 
-The envelope, like the payloads, accepts unknown top-level fields. Two reasons: a business may add
-envelope fields in a minor release, and a JSON-RPC notification's ``params`` (which *is* the
-envelope) carries ``_meta.usp.signature`` for in-band signing. Refusing extras would break both.
-What the envelope does refuse is anything that would make a receiver act on the wrong object: a
-subject id that disagrees with ``data``, ``data`` in a state the event type cannot leave it in, an
-``event_id`` that cannot be a dedupe key, a timestamp without an offset.
+Why it works this way: docs/architecture.md, "Notes by module", ``usp_schemas._events``.
 """
 
 from __future__ import annotations

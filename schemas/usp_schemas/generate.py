@@ -1,10 +1,6 @@
 """Write the JSON Schemas of the contract into ``schemas/json`` (or ``--out``); ``--check`` only compares.
 
-    uv run python -m usp_schemas.generate          # rewrite schemas/json/*.json
-    uv run python -m usp_schemas.generate --check  # exit 1 if they are out of date
-
-The files are for platforms that do not use Python; the models stay the source of truth. Output is
-deterministic (sorted keys, 2-space indent, trailing newline) so a diff shows real changes only.
+Why it works this way: docs/architecture.md, "Notes by module", ``usp_schemas.generate``.
 """
 
 from __future__ import annotations

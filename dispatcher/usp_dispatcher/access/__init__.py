@@ -2,10 +2,7 @@
 signatures, booking-scoped credentials) and authorization (access classes, profile binding,
 booking ownership).
 
-The MCP server uses :func:`authenticate_http` (HTTP transport), :func:`authorize` (every
-``tools/call``), :func:`may_touch_booking` / :func:`may_touch_waitlist_entry` (before touching a
-row) and :func:`issue_booking_credential`; ``/.well-known/usp`` publishes :func:`policy_document`;
-``usp-webhooks api-keys`` manages keys with :func:`issue_api_key` / :func:`revoke_api_key`.
+Why it works this way: docs/architecture.md, "Notes by module", ``usp_dispatcher.access``.
 """
 
 from usp_dispatcher.access.apikeys import (

@@ -1,12 +1,6 @@
 """Bearer credentials: platforms' API keys, and the business's admin token.
 
-An API key is ``uspk_`` + 32 random bytes (base64url), shown once when it is made. Only its
-SHA-256 is stored (``sched_api_keys``), so a leaked database leaks no usable key, and looking a
-presented key up is one indexed equality on the hash: no loop over keys, nothing timing can
-reveal. A key authenticates as ``key:<principal name>``; revoking it takes effect at once.
-
-The admin token (``USP_ADMIN_TOKEN``) authenticates as the business (``"business"``), compared in
-constant time. Neither credential is ever logged or echoed back.
+Why it works this way: docs/architecture.md, "Notes by module", ``usp_dispatcher.access.apikeys``.
 """
 
 from __future__ import annotations

@@ -1,26 +1,6 @@
 """Authentication and authorization of one USP MCP tool call.
 
-Two steps, as the transports differ. Over HTTP, :func:`authenticate_http` reads the request's
-credential (``Authorization: Bearer`` or an RFC 9421 signature) once, before MCP sees the
-message; over stdio there is no such layer. Then, for every ``tools/call``, :func:`authorize`
-combines that :class:`Identity` (or the in-band bearer of ``_meta.usp.authorization``, stdio's
-only way), a booking-scoped credential if one is presented, ``_meta.usp.profile`` and the tool's
-access class into a :class:`Caller`, or refuses with an :class:`AccessError`:
-
-============================ =====================================================================
-``public``                   anyone; nothing is required or bound
-``privileged_platform``      an authenticated principal (the business needs nothing more), then
-                             ``_meta.usp.profile`` (-32602 without); a platform's principal is
-                             bound to that profile (-32003 on a different one), unless the policy
-                             lets anonymous platforms in (-32001 otherwise)
-``privileged_scoped``        the same, or a booking-scoped credential for this booking and tool
-``business_only``            the business (admin token) only; never a booking-scoped credential
-============================ =====================================================================
-
-The in-band bearer is used only when the transport presented no credential (SHOULD 3). A
-credential this business issued is recognised by its header whatever ``mechanism`` names it, so a
-bound one without a valid ``platform_key_pop`` proof is treated as absent, never as a bearer
-token (MUST 8).
+Why it works this way: docs/architecture.md, "Notes by module", ``usp_dispatcher.access.authorize``.
 """
 
 from __future__ import annotations

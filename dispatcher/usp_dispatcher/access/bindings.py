@@ -1,10 +1,6 @@
 """Principal → profile binding (USP §10.1.6): the first profile a principal presents is its own.
 
-The business records the pairing on first contact and refuses (``forbidden``) a later call in
-which that principal names another profile; many principals sharing one profile is the normal
-case. The first pairing is an ``INSERT ... ON CONFLICT DO NOTHING`` followed by a read, so two
-first calls racing each other (on SQLite or PostgreSQL) agree on one winner: the loser reads the
-winner's row and is refused if it named another profile.
+Why it works this way: docs/architecture.md, "Notes by module", ``usp_dispatcher.access.bindings``.
 """
 
 from __future__ import annotations

@@ -1,20 +1,6 @@
 """Booking-scoped credentials, and the ``platform_key_pop`` proofs that go with bound ones.
 
-A booking-scoped credential lets whoever holds it get, cancel or reschedule one booking, and
-nothing else: a compact JWS the business signs with its current signing key (the webhook key,
-published at ``/.well-known/usp/jwks.json``), with claims
-
-``iss`` (``USP_PUBLIC_BASE_URL``), ``sub`` (the booking id), ``usp_profile`` (the platform it was
-issued to), ``scope`` (the tools it opens, space-separated), ``iat``, ``exp`` and, when the
-platform has a key, ``cnf: {"jkt": <RFC 7638 thumbprint>}``.
-
-It is verified against the *published* keys, so a key rotation does not void credentials while
-the old key is still published. A bound credential (``cnf``) proves nothing by itself: it must
-come with a ``platform_key_pop`` proof, a compact JWS whose protected header carries the platform's
-public ``jwk`` (its thumbprint must be ``cnf.jkt``) and whose claims are ``iat`` (within ±300 s)
-and ``usp_p``: base64url(SHA-256(JCS(params))) of the JSON-RPC ``params`` with
-``_meta.usp.authorization.proof`` removed. Without such a proof a bound credential is treated as
-absent (USP MCP binding, MUST 8), never as a bearer token.
+Why it works this way: docs/architecture.md, "Notes by module", ``usp_dispatcher.access.credentials``.
 """
 
 from __future__ import annotations

@@ -1,35 +1,6 @@
 """Agents authenticated by their HTTP message signature (RFC 9421, Web Bot Auth / OpenBotAuth).
 
-The agent signs each request with a key published in its *key directory*, which its
-``Signature-Agent`` field names: an origin (``"https://agent.example"``: the directory is its
-``/.well-known/http-message-signatures-directory``) or a JWKS URL with a path, as OpenBotAuth's
-registry serves one per agent (``sig1="https://registry.example/jwks/alice.json"``). The field
-may be an sf-string, a one-member dictionary, or (OpenBotAuth's legacy form) a bare URL. The
-identity is that directory and the thumbprint of the key: ``agent:<origin>`` for an origin,
-``agent:<directory URL>`` for a JWKS URL, so two agents of one registry never share one.
-
-What a signature must satisfy here (the receiver's verifier, with this policy):
-
-* it covers ``@method``, ``@authority``, ``@path`` and ``Signature-Agent`` (the dictionary member,
-  ``"signature-agent";key="sig1"``, or the whole field): otherwise a captured request could be
-  replayed under another agent's name, the directory being public;
-* a body is protected by ``Content-Digest`` when the request has one (it must then be covered and
-  match); without it, as OpenBotAuth's signer sends, ``Content-Type`` must be covered;
-* ``created`` no older than 300 s and no more than 60 s ahead, ``expires`` honoured, and a
-  ``nonce``, when present and a nonce store is given, seen only once per key within that window;
-* ``tag`` absent or ``web-bot-auth``; algorithms ``ed25519`` or ``ecdsa-p256-sha256``;
-* ``keyid`` names a key of the directory (its RFC 7638 thumbprint, or its ``kid``).
-
-OpenBotAuth's signer (and verifier) write a dictionary member's line of the signature base as
-``"signature-agent": sig1="<url>"`` rather than RFC 9421's ``"signature-agent";key="sig1":
-"<url>"``; both are accepted (``VerificationPolicy.member_compat``), so its agents verify here.
-
-The directory is a URL a stranger chose, so it is fetched the way profiles are: the SSRF check,
-a connection pinned to the checked address, no redirects, 5 s, 64 KiB, ``https`` only (plain
-``http`` in development mode, ``USP_ALLOW_PRIVATE_TARGETS``), asking for
-``application/http-message-signatures-directory+json``. It is cached for a minute (and a failure
-for ten seconds, so one agent cannot make us fetch on every request); a ``keyid`` the cached copy
-lacks causes at most one refetch per ten seconds.
+Why it works this way: docs/architecture.md, "Notes by module", ``usp_dispatcher.access.signatures``.
 """
 
 from __future__ import annotations

@@ -1,10 +1,6 @@
 """The FastAPI application: ``create_app()`` wires settings, database and routes together.
 
-Start-up does what a fresh deployment needs before it can answer: the schema is brought to the
-latest migration of both chains (a no-op when the ``migrate`` job already ran), a signing key
-exists, so the JWKS endpoint never publishes an empty set and the first delivery can be signed,
-and a never-used catalog gets the demo services (:mod:`usp_dispatcher.domain.seed`), so there is
-something to book.
+Why it works this way: docs/architecture.md, "Notes by module", ``usp_dispatcher.api.app``.
 """
 
 from __future__ import annotations

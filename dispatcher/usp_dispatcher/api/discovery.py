@@ -1,10 +1,6 @@
 """``GET /.well-known/usp``: the business profile, where a platform starts.
 
-One document says what a platform needs before its first call: the protocol version and
-capabilities, where the MCP endpoint (and the REST API) is, every MCP tool with its access class,
-how to authenticate (the AuthorizationPolicy: the mechanism set is the same for both bindings),
-and, for webhooks, the event types and the JWKS their signatures verify against. Public, and
-cacheable for a few minutes: it changes only with a deployment or a policy change.
+Why it works this way: docs/architecture.md, "Notes by module", ``usp_dispatcher.api.discovery``.
 """
 
 from __future__ import annotations

@@ -1,13 +1,6 @@
 """``GET /metrics``: the delivery engine's state in the Prometheus text format.
 
-The numbers are read from the database at scrape time (:mod:`usp_workers.runtime.metrics`), so one API
-replica reports the whole fleet; scrape any one of them.
-
-Access: the admin token is required by default (``Authorization: Bearer <USP_ADMIN_TOKEN>``;
-Prometheus sends it with ``authorization: {credentials_file: ...}``). The metrics carry no
-secrets, but they do reveal subscription ids, event types and traffic volumes, which a business
-may not want public. ``USP_METRICS_PUBLIC=true`` serves them without a token, for a scraper on
-a private network that cannot hold one; keep the port off the internet then.
+Why it works this way: docs/architecture.md, "Notes by module", ``usp_dispatcher.api.metrics``.
 """
 
 from __future__ import annotations

@@ -1,33 +1,6 @@
 """``/services/…``: the scheduling API (catalog, availability, bookings, waitlist) over REST.
 
-Each route runs the very operation the matching USP MCP tool runs (:mod:`usp_dispatcher.mcp.tools`,
-the tool's name is in each route's summary), authorized by the same
-:class:`~usp_dispatcher.access.AuthorizationPolicy` through the same two calls
-(:func:`~usp_dispatcher.access.authenticate_http`, then :func:`~usp_dispatcher.access.authorize`),
-and answers with the same ``structuredContent`` JSON:
-
-* success: the object (``booking``, ``waitlist_entry``, ``slots`` …) and ``messages: []``; 201
-  for a creation, else 200;
-* a business outcome (``slot_unavailable``, ``invalid_state_transition`` …): HTTP 200 with
-  ``messages[]``, as the binding's REST side does;
-* malformed input: a 422 RFC 9457 problem (``invalid_request``); no or a failed credential 401,
-  a credential that may not do this 403.
-
-What MCP carries in ``_meta.usp`` travels in headers here:
-
-=============================== ============================================================
-``Authorization: Bearer <key>`` a platform API key or the admin token (or an RFC 9421 agent
-                                signature with ``Signature-Agent``, as on ``/mcp``)
-``Authorization: Bearer <jws>`` a booking-scoped credential; a key-bound one needs
-                                ``USP-Key-Proof``: a ``platform_key_pop`` JWS whose ``usp_p``
-                                is over ``{"method", "target", "body"}`` of this request
-                                (``target``: path and query; ``body``: the JSON body or null)
-``USP-Agent``                   the platform profile URI (``_meta.usp.profile``); a bare URI or
-                                ``profile="<URI>"``
-``Idempotency-Key``             ``_meta.usp.idempotency_key``: the same key and request replay
-                                the first answer, with ``Idempotent-Replayed: true``
-``USP-Correlation-Id``          ``_meta.usp.correlation_id``, carried into the events
-=============================== ============================================================
+Why it works this way: docs/architecture.md, "Notes by module", ``usp_dispatcher.api.scheduling``.
 """
 
 from __future__ import annotations

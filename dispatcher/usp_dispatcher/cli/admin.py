@@ -1,14 +1,6 @@
 """The operator's commands of ``usp-webhooks``: they talk to a running service's admin API.
 
-``events list|show``, ``replay``, ``recover``, ``dead-letter list|redrive``, ``subscriptions
-list|disable|enable|rate-limit``, and the Stripe-CLI-like pair ``trigger`` (post a sample event) and
-``listen`` (a temporary subscription to a receiver on this machine that prints every event it
-gets, verified, and forwards it). Every command reads the API's address and the admin token from
-``--url``/``--token`` or ``USP_ADMIN_URL``/``USP_ADMIN_TOKEN``; nothing here opens the database,
-so they work from any machine that can reach the API. The token is sent, never printed.
-
-:func:`register` adds them to the ``usp-webhooks`` app (:mod:`.main`), whose ``keys
-list|rotate`` use the same :class:`AdminClient`.
+Why it works this way: docs/architecture.md, "Notes by module", ``usp_dispatcher.cli.admin``.
 """
 
 from __future__ import annotations

@@ -1,14 +1,6 @@
 """``usp-webhooks``: run and operate the dispatcher (migrate, serve the API, manage signing keys).
 
-Settings come from the environment (``USP_*``, see :class:`usp_workers.settings.Settings`), the
-same for every command, so ``migrate`` prepares exactly the database ``api`` will use. ``keys
-list|rotate``, like the operator commands of :mod:`.admin`, talk to a running service's admin
-API (``--url``/``--token`` or ``USP_ADMIN_URL``/``USP_ADMIN_TOKEN``) instead.
-
-Adding a command: define a function in this module (or another) and register it on :data:`app`
-(``app.command()(my_command)``) or, for a group, on a new ``typer.Typer`` added with
-``app.add_typer``. Use :mod:`.config`'s ``load_settings`` and ``open_engine`` so every command reads its
-configuration the same way. Private key material is never printed by any command here.
+Why it works this way: docs/architecture.md, "Notes by module", ``usp_dispatcher.cli.main``.
 """
 
 from __future__ import annotations

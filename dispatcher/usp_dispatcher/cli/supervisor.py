@@ -1,24 +1,6 @@
 """``usp-webhooks up``: the whole service on one machine, as three supervised child processes.
 
-The API (uvicorn), a delivery worker and the scheduler run as separate processes, exactly as they
-are deployed separately (``api``, ``worker``, ``scheduler``): the same code paths, the same
-process boundaries, just started together. With no settings at all they share a SQLite database
-and the embedded broker (a second SQLite file) in the working folder, so the first run needs
-nothing but this package.
-
-Before starting them the database is migrated and a signing key made, once, so the three do not
-race to create the schema; the embedded broker's tables are created up front for the same reason.
-
-The admin token: ``USP_ADMIN_TOKEN`` (or ``.env``) when configured, and then it is not printed.
-Otherwise a random token is generated for this session, printed once on the terminal, and passed
-to the API process only, in its environment; it is never logged, and it is gone when ``up``
-stops (configure ``USP_ADMIN_TOKEN`` for one that lasts).
-
-Stopping: Ctrl-C or SIGTERM sends SIGTERM to each child (the worker finishes its running batches,
-uvicorn its requests), waits, and kills what has not exited. The children run in their own
-session so that a terminal's Ctrl-C reaches them once, through ``up``, not twice; on Linux each
-also gets SIGTERM if ``up`` itself dies. When any child exits on its own, ``up`` stops the others
-and exits non-zero: a half-running service is worse than a stopped one.
+Why it works this way: docs/architecture.md, "Notes by module", ``usp_dispatcher.cli.supervisor``.
 """
 
 from __future__ import annotations

@@ -1,32 +1,6 @@
 """The scheduling domain: services, slots, bookings and the waitlist, behind plain functions.
 
-Every function takes a ``Session`` and typed inputs and returns a ``usp_schemas`` object or an
-:class:`Outcome` (a business refusal with ``messages[]``); none raises for a business outcome and
-none commits. Each state change emits its event through ``usp_workers.engine.outbox.emit`` in the same
-session, so the caller's commit writes the change and its webhooks together. The REST routes
-(:mod:`usp_dispatcher.api.scheduling`) call them through :func:`perform` (idempotency keys,
-commit); each USP MCP tool maps to exactly one of them:
-
-========================== ==========================
-``usp_catalog_list``       :func:`list_catalog`
-``usp_availability_query`` :func:`query_availability`
-``usp_bookings_create``    :func:`create_booking`
-``usp_bookings_get``       :func:`get_booking`
-``usp_bookings_confirm``   :func:`confirm_booking`
-``usp_bookings_cancel``    :func:`cancel_booking`
-``usp_bookings_reschedule`` :func:`reschedule_booking`
-``usp_waitlist_join``      :func:`join_waitlist`
-``usp_waitlist_leave``     :func:`leave_waitlist`
-========================== ==========================
-
-The business's own operations (no MCP tool): :func:`complete_booking`, :func:`mark_no_show`,
-:func:`create_service`, :func:`add_slot`, :func:`expire_offers` (the scheduler's),
-:func:`seed_demo_catalog`.
-
-Bookings and waitlist entries belong to the platform that made them (``platform_profile`` of
-:func:`create_booking` and :func:`join_waitlist`; ``None``: the business), and their events reach
-that platform and the business only. :func:`booking_platform` and :func:`waitlist_entry_platform`
-tell the access layer who owns one; these functions do not check who calls them.
+Why it works this way: docs/architecture.md, "Notes by module", ``usp_dispatcher.domain``.
 """
 
 from usp_dispatcher.domain.bookings import (

@@ -1,27 +1,6 @@
 """Bookings: a buyer's seat in a slot, and its life.
 
-States (``usp_schemas.BookingState``)::
-
-    create → pending ─confirm→ confirmed ─complete→ completed
-                │                  ├──no-show→ no_show
-                └──────cancel──────┴─→ cancelled        (reschedule: pending/confirmed, same state)
-
-Each function is the one source of truth for its operation: the REST routes call it, and each
-USP MCP tool will call exactly one (``usp_bookings_create`` → :func:`create_booking`, …). None of
-them commits: the caller does, after the function returned (result or :class:`.Outcome`), so the
-change and its events (``usp_workers.engine.outbox.emit``, same session) land together. An ``Outcome``
-leaves nothing behind to commit.
-
-Transitions are conditional ``UPDATE … WHERE state IN (…)``: two cancellations racing free the
-seat once, and the loser gets ``invalid_state_transition``. Seats change only in :mod:`.seats`.
-Completing and marking a no-show are the business's calls to make; the time of the appointment
-is not checked (a business may close its day early).
-
-Ownership: a booking records the profile of the platform that made it (``platform_profile``;
-``None`` when the business made it), and its events go to that platform and the business only
-(:mod:`.events`). A booking converted from a waitlist offer belongs to the entry's platform,
-which is the platform the offer went to. Who may read or change a booking is decided before these
-functions are called (:func:`booking_platform` tells the caller the owner); they do not check it.
+Why it works this way: docs/architecture.md, "Notes by module", ``usp_dispatcher.domain.bookings``.
 """
 
 from __future__ import annotations

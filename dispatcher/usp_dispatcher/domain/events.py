@@ -1,19 +1,6 @@
 """The domain's events: built from the full object after the change, emitted in its transaction.
 
-Each function turns a row into its ``usp_schemas`` event (``data`` is the whole object, via
-:mod:`.views`) and hands it to :func:`usp_workers.engine.outbox.emit`, which records it with one delivery
-per subscription it matches and reaches (below) *in the caller's session*: the state change and
-its event commit together or not at all.
-
-Audience (who may hear it, :func:`usp_workers.engine.outbox.reaches`): an event about a booking or a
-waitlist entry carries the buyer's details, so it goes only to the platform that owns the object
-(``platform_profile``) and to the business; one the business made itself (no profile) goes to the
-business alone (``""``). The catalog is public (``None``): every subscription that matches hears it.
-
-Correlation ids: an event about a booking or waitlist entry carries the caller's
-``correlation_id`` when it has one, else the one the object was created with, so the platform
-that made a booking can join a business-side change (a confirmation) to its own flow. Catalog
-events go to every platform and are nobody's flow: they carry none.
+Why it works this way: docs/architecture.md, "Notes by module", ``usp_dispatcher.domain.events``.
 """
 
 from __future__ import annotations

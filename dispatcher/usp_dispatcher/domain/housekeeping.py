@@ -1,15 +1,6 @@
 """The scheduling domain's periodic work, run by ``usp-webhooks scheduler`` beside the relay.
 
-Every ``relay_interval_seconds``:
-
-* waitlist offers whose ``offer_expires_at`` has passed expire, and their held seats go to the
-  next buyer in line or back on sale; joined entries whose window has ended expire
-  (:func:`usp_dispatcher.domain.expire_offers`); without this a held seat would stay held;
-* idempotency keys older than :data:`IDEMPOTENCY_RETENTION` are forgotten (a retry comes within
-  minutes; the table must not grow forever).
-
-It lives in the dispatcher, not in ``usp_workers.runtime.relay``: the delivery engine knows nothing of
-bookings. Both steps are safe with several schedulers running (each offer expires once).
+Why it works this way: docs/architecture.md, "Notes by module", ``usp_dispatcher.domain.housekeeping``.
 """
 
 from __future__ import annotations

@@ -1,18 +1,6 @@
 """Idempotency keys: a retried state change is answered, not done again.
 
-A platform that timed out on ``POST /bookings`` cannot know whether the booking was made; it
-retries with the same ``Idempotency-Key`` (MCP: ``_meta.usp.idempotency_key``). :func:`perform`
-runs the service function once per (principal, key), stores its answer *in the same transaction*
-as the change, and answers every later call with that key from the store:
-
-* same request (same operation and arguments, compared by hash): the first answer again, and
-  nothing is changed or emitted again;
-* different request: ``idempotency_conflict`` (the key was reused by mistake; doing either
-  request would be silently wrong).
-
-Two calls with one key racing: both may run, but only one can insert the key row (it is the
-primary key), so the other's transaction, change and events included, rolls back and it answers
-with the winner's stored answer. Without a key, :func:`perform` just runs and commits.
+Why it works this way: docs/architecture.md, "Notes by module", ``usp_dispatcher.domain.idempotency``.
 """
 
 from __future__ import annotations

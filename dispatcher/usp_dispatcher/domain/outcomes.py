@@ -1,14 +1,6 @@
 """Business outcomes: what a service function answers instead of a result, never by raising.
 
-A slot already taken or a booking in the wrong state is an ordinary answer the buyer's agent acts
-on (pick another slot, stop), not a failure: the binding returns it as HTTP 200 / an MCP result
-with ``messages[]``. So the service functions *return* an :class:`Outcome`; exceptions stay for
-what no caller can act on (a bug, a database down) and for malformed input (``ValueError``, which
-the front ends turn into a 422 problem or a JSON-RPC ``invalid_params``).
-
-``severity`` tells the agent what to do next: ``recoverable`` (change the request: another slot,
-another service), ``requires_buyer_input`` (ask the buyer: another window, another time),
-``unrecoverable`` (this request cannot succeed; stop).
+Why it works this way: docs/architecture.md, "Notes by module", ``usp_dispatcher.domain.outcomes``.
 """
 
 from __future__ import annotations

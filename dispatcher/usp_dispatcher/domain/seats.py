@@ -1,19 +1,6 @@
 """A slot's seats, changed only by conditional ``UPDATE`` statements: the capacity guarantee.
 
-Two buyers racing for the last seat both read "1 remaining"; what decides is the write.
-``UPDATE … SET booked = booked + 1 WHERE id = … AND booked + held < capacity`` is atomic on both
-databases: PostgreSQL makes the second writer wait for the first's row lock and then re-checks
-the ``WHERE`` on the committed row (0 rows: no seat); SQLite runs one writer at a time, so the
-second sees the first's seat taken. Nothing reads a count, decides in Python and writes it back.
-
-Each function returns the slot as it is after the change (``None`` when the condition did not
-hold), re-read so the events built from it show the new counts.
-
-Lock order: an operation that changes two slots (a reschedule) locks them first, by id
-(:func:`lock_slots`), so two operations on the same pair can never hold one each and wait for
-the other. Everything locks a booking before its slots, and slots before waitlist entries,
-except taking an offer, which locks one entry and then its slot (no other path locks an offered
-entry after its slot).
+Why it works this way: docs/architecture.md, "Notes by module", ``usp_dispatcher.domain.seats``.
 """
 
 from __future__ import annotations

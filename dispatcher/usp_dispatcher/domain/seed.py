@@ -1,18 +1,6 @@
 """The demo catalog: something to book on a fresh installation (``usp-webhooks up``).
 
-Four services of a small salon, in ``America/New_York`` as the binding's examples are, with slots
-every day for the next :data:`DEMO_DAYS` days from tomorrow. ``svc_haircut_001`` is the service of
-the binding's examples; the yoga class has eight seats, to show capacity above one.
-
-Seeded once, on first start: only into a catalog that has never had a service (services are
-retired, never deleted, so an empty table means a new installation). Ids are fixed, so two API
-replicas seeding the same empty database at once collide on the primary key and one of them
-simply finds the work done (:func:`ensure_demo_catalog`).
-
-No events are emitted for it: the demo catalog is part of the installation, not news about the
-business. An existing deployment upgrading into this version seeds too (its catalog table is
-new): its subscribers get no ``catalog.*`` events from that, and the business can retire the
-demo services. (A setting to skip seeding belongs in ``usp_workers.settings``.)
+Why it works this way: docs/architecture.md, "Notes by module", ``usp_dispatcher.domain.seed``.
 """
 
 from __future__ import annotations

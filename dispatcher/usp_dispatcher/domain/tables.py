@@ -1,14 +1,6 @@
 """The scheduling domain's tables: services, slots, bookings, waitlist entries, idempotency keys.
 
-They live on a metadata of their own (:data:`DOMAIN_METADATA`), not on ``SQLModel.metadata``
-where the delivery engine's ``usp_*`` tables are: each package's migration chain then sees only
-its own tables, so autogenerating a revision for one never proposes creating (or dropping) the
-other's. The names carry a ``sched_`` prefix because the database is shared with the delivery
-engine and, often, with the business's own tables.
-
-Times are aware UTC (:class:`usp_workers.storage.models.UtcDateTime`); a service's ``timezone`` is only
-used to *show* them (slots keep the business's local offset on the wire). States are stored as
-short strings, the values of the ``usp_schemas`` literals, so a row reads the same as its event.
+Why it works this way: docs/architecture.md, "Notes by module", ``usp_dispatcher.domain.tables``.
 """
 
 from __future__ import annotations

@@ -1,25 +1,6 @@
 """The waitlist: buyers waiting for a seat, offered one when a booking gives it back.
 
-Life of an entry: ``joined`` → ``offered`` (a seat was freed in a slot inside the entry's desired
-window: the seat is *held* for this buyer until ``offer_expires_at``) → ``converted`` (the buyer
-booked that slot: :func:`usp_dispatcher.domain.bookings.create_booking` recognises the offer) or
-``expired`` (the offer lapsed: :func:`expire_offers`, run by the scheduler, passes the seat to the
-next entry); or ``left`` at any time before that.
-
-Fairness: a freed seat goes to the *oldest* joined entry whose window contains the slot. The
-seat is held (not merely announced) so the buyer it is offered to cannot lose it to a quicker
-stranger; that is what makes an offer worth having.
-
-Every transition is a conditional ``UPDATE … WHERE state = …``, so a buyer leaving while the
-scheduler expires their offer ends in exactly one of the two, with one event.
-
-Bounds: one platform holds at most ``MAX_OPEN_PER_PLATFORM`` open (joined or offered) entries,
-counted under a lock so two joins at once cannot both take the last place; every entry may be
-offered a held seat, so an unbounded list would let one platform sit on a business's capacity.
-
-Ownership: an entry records the profile of the platform that put the buyer on the list
-(``platform_profile``; ``None`` for the business); its events, the offer included, go to that
-platform and the business only, and the booking it converts into belongs to that platform too.
+Why it works this way: docs/architecture.md, "Notes by module", ``usp_dispatcher.domain.waitlist``.
 """
 
 from __future__ import annotations

@@ -1,27 +1,6 @@
 """Resumability for Streamable HTTP sessions (``Last-Event-ID``), scoped to one session.
 
-The SDK hands one ``EventStore`` to every session's transport and files each message under a
-stream id that is only unique *within* a session: a request's id (``"1"``, ``"2"``... every client
-counts the same way) or ``"_GET_stream"``, the standalone stream that carries our ``usp_webhook``
-notifications. A store shared by all sessions therefore answers a ``GET`` with ``Last-Event-ID``
-by replaying whatever any session stored on that stream after that id: one platform's bookings
-(names, e-mails, phone numbers) to another platform. :class:`SessionEventStore` is one session's
-store, created for the session when it is admitted (see :mod:`.http`) and dropped with it. An id
-it did not mint (another session's, or a made-up one) replays nothing, by construction rather
-than by a check that could be forgotten.
-
-Why in memory is enough: this store is a convenience for a client that lost its connection for a
-moment, not a delivery guarantee. The database outbox stays the source of truth; every event also
-goes to the platform's subscriptions over REST (retried for days), and the admin API replays
-anything older. So the store is bounded, in size (``max_events`` per session) and in age
-(``max_age``, by default the receivers' 300 s signature window: a replayed notification keeps the
-``iat`` it was signed with, so an older one would be refused as stale anyway). A process restart
-forgets it, as it forgets the sessions themselves.
-
-Event ids are ``<store token>.<sequence>.<stream>`` (the stream id base64url-encoded), so a client
-that comes back after its last-seen event was evicted is still put back on its stream (it misses
-only what was evicted, which the REST path delivers) instead of being answered with an empty
-stream again and again.
+Why it works this way: docs/architecture.md, "Notes by module", ``usp_dispatcher.mcp.event_store``.
 """
 
 from __future__ import annotations

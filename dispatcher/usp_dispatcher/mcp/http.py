@@ -1,36 +1,6 @@
 """The MCP server over Streamable HTTP at ``/mcp``, with stateful sessions so the server can push.
 
-:func:`mount_mcp` adds the endpoint to the FastAPI app; :meth:`MCPEndpoint.serve`, entered in the
-app's lifespan, builds the server (:func:`.server.build_server`), runs the SDK's
-``StreamableHTTPSessionManager`` and the live-webhook hub (:class:`.live.LiveHub`) beside it.
-
-Every request is authenticated here, before MCP sees it: the body is buffered (within the SDK's
-own size limit) and :func:`usp_dispatcher.access.authenticate_http` reads the credential, an API
-key or the admin token as a bearer token, or an agent's RFC 9421 signature over method, URL,
-headers and body. A credential presented but not valid is answered at once with HTTP 401 and a
-JSON-RPC error (``-32001 unauthenticated``, ``data.content`` saying why); no credential is fine
-at this layer (public tools need none; ``authorize`` decides per tool). The outcome reaches the
-tool handlers as ``request.state.usp_identity`` (an ``Identity`` or ``None``): the transport
-builds the handler context's ``ctx.request`` from the very ASGI scope passed on here, and
-Starlette's ``request.state`` is that scope's ``"state"`` dict. The identity is also presented to
-the SDK as the scope's ``user``, which is how its session manager binds a session to the
-credential that opened it: a request for that session with another credential (or none) is
-answered 404, as if the session did not exist, so nobody else can read its notification stream.
-A body that is not JSON, or not a JSON-RPC message, is answered here (HTTP 400, ``-32700`` or
-``-32600`` with ``data.content``) by the check stdio uses, :func:`.protocol.parse_message`.
-
-Resumability is per session (:class:`.event_store.SessionEventStore`, see there for why a shared
-store would leak). The SDK passes one store to every session's transport; the manager subclass
-here gives each admitted session a store of its own, and keeps a weak map of the live transports
-for the hub's liveness sweep.
-
-DNS-rebinding protection (the SDK's ``Host``/``Origin`` checks) allows loopback hosts on any port
-and the host of ``USP_PUBLIC_BASE_URL``; a proxy that rewrites ``Host`` to anything else needs
-``security=`` (browsers send ``Origin``, other clients usually do not, and that is accepted).
-
-A client needs a stateful session to receive pushes: the 2025 (handshake) protocol versions, e.g.
-``mcp.Client(url, mode="legacy")``. A 2026-07-28 client's requests are single exchanges without a
-session; they are served, but nothing can be pushed to them.
+Why it works this way: docs/architecture.md, "Notes by module", ``usp_dispatcher.mcp.http``.
 """
 
 from __future__ import annotations

@@ -1,35 +1,6 @@
 """Live webhooks: a platform's events pushed over the MCP sessions that speak for it.
 
-A platform holding an MCP session open (stdio, or a stateful Streamable HTTP session) hears about
-its bookings the moment they change, as ``usp_webhook`` JSON-RPC notifications whose ``params``
-are the event envelope signed in-band (``_meta.usp.signature``, SPEC-NOTES), its join id echoed in
-``_meta.usp.correlation_id``. The tool layer
-attaches a session to a profile once a privileged call authorized it (:meth:`LiveHub.attach`);
-:meth:`LiveHub.run` tails the events table and sends each session what its profile's active
-subscriptions ask for (:func:`~usp_workers.engine.outbox.event_matches`) and the event's audience allows
-(:func:`~usp_workers.engine.outbox.reaches`, the same rule as REST deliveries).
-
-This is a second, faster path, not a replacement: every event still goes to the profile's
-subscriptions over REST through the outbox (retried for days), and receivers deduplicate on
-``event_id``. So the hub is at most once per session and keeps nothing durable.
-
-Which events a session gets: those written from the moment it attached (an event's
-``created_at`` at or after the attach), never a backlog. A session attached later does not get
-what happened while nobody was listening; history is what the REST deliveries and the admin
-replay are for, and a session replaying hours of events on connect would race them for nothing.
-
-How the table is tailed: event ids are time-ordered, but a transaction that took its id first may
-commit after one that took a later id, so a bare ``id > cursor`` would skip it for good. The hub
-rereads a short window instead (``lookback`` seconds of ``created_at`` behind the newest event
-seen; ids only) and remembers which ids it handled. An event committed more than ``lookback``
-after it was created reaches the session only over REST. The hub polls every ``poll_interval``
-while a session is attached (not at all otherwise), and wakes at once when this process commits
-an event (an SQLAlchemy commit hook: a flag per session, a no-op in processes without a hub).
-
-One slow or dead session never holds up the others: each has a bounded queue (``queue_size``
-events) drained by its own task. A session whose queue overflows (it stopped reading, or a burst
-larger than the queue arrived at once), whose sender fails, or that the transport reports gone
-(``is_alive``) is detached; its next privileged call attaches it again, and REST has the rest.
+Why it works this way: docs/architecture.md, "Notes by module", ``usp_dispatcher.mcp.live``.
 """
 
 from __future__ import annotations

@@ -1,30 +1,7 @@
 """Protocol errors: the JSON-RPC error objects of the USP MCP binding, and the one place that
 makes them.
 
-The binding answers a protocol failure (a malformed request, a failed authentication, an unknown
-method) with a JSON-RPC ``error`` whose ``message`` is the code word and ``data.content`` a
-human-readable text (SPEC-NOTES), and *only* those with an error: business outcomes are results.
-The SDK makes its own errors in other shapes (``"Method not found"`` with the method as ``data``,
-``"Invalid request parameters"`` with an empty string, and, for any other exception a handler
-raises, code ``0`` with the exception's text). :class:`ProtocolErrors`, a server middleware,
-rewrites all of them into ours, so no exception text ever reaches a client: an unexpected failure
-is logged here and answered with a generic ``internal_error``.
-
-A few errors are made before the middleware chain runs, in the SDK's dispatch loop: above all the
-protocol-era check of ``Server.run`` (``serve_dual_era_loop``: a request carrying the 2026-07-28
-``_meta`` envelope on a connection opened with the ``initialize`` handshake gets ``-32600`` with
-the SDK's sentence as ``message``). The SDK offers no error hook at that level, but a transport
-owns the stream its answers leave by, so our stdio transport passes every outgoing error through
-:func:`wire_error`. Over Streamable HTTP a handshake session runs the SDK's ``serve_loop``,
-which has no era check; a request whose ``MCP-Protocol-Version`` header names a later version goes
-to the SDK's single-exchange "modern" entry, which writes its own rejections (``-32700``,
-``-32600`` for a batch body, the version ladder) straight into the HTTP response: only the HTTP
-mount (:mod:`.http`) could rewrite those.
-
-Our decision where the binding is silent: an unknown *tool* is ``-32601 method_not_found``. The
-binding calls ``params.name`` "the method name" (each USP operation is a JSON-RPC method carried
-in ``tools/call``), so a name it does not know is a method this server does not have;
-``-32602 invalid_params`` stays for a known method's bad arguments.
+Why it works this way: docs/architecture.md, "Notes by module", ``usp_dispatcher.mcp.protocol``.
 """
 
 from __future__ import annotations

@@ -1,10 +1,7 @@
 """Tool results in the binding's dual envelope: ``structuredContent`` for programs, a line of
 text in ``content`` for people.
 
-``structuredContent`` is the very JSON the REST route answers (:func:`usp_dispatcher.domain.structured`)
-with ``usp.capabilities`` filled in for the tool's capability, so a platform reads the same object
-whichever binding it uses. Business outcomes stay results: ``messages[]`` says which, and the text
-starts with ``Error:`` as in the binding's example.
+Why it works this way: docs/architecture.md, "Notes by module", ``usp_dispatcher.mcp.results``.
 """
 
 from __future__ import annotations

@@ -1,23 +1,7 @@
 """The USP MCP server: the SDK's low-level ``Server`` with our two handlers, ``tools/list`` and
 ``tools/call``.
 
-The low-level server, not the SDK's high-level one: the binding puts ``_meta`` *inside*
-``arguments``, and the high-level server builds the arguments from the function signature and
-drops it. A ``tools/call`` goes:
-
-1. the tool by name (an unknown one: ``-32601``, see :mod:`.protocol`);
-2. ``access.authorize`` with the transport's identity (over HTTP what the ``/mcp`` mount verified,
-   ``request.state.usp_identity``; over stdio none: credentials come in
-   ``_meta.usp.authorization``), which raises the protocol errors of MUSTs 5, 6 and 8;
-3. for a privileged call by an authenticated principal that names a profile, the live-webhook
-   hub learns this session speaks for it (the platform's events are then pushed to it as
-   ``usp_webhook`` notifications);
-4. the arguments against the tool's model (a missing one ``-32600`` "Missing required field: X"
-   as the binding's example; anything else ``-32602`` with what is wrong, never the input);
-5. the handler (database work off the event loop), its answer in the dual envelope, with the
-   request's ``_meta.usp.correlation_id`` (or ``USP-Correlation-Id``) echoed in the result's ``_meta``.
-
-Every error leaves through :class:`.protocol.ProtocolErrors`.
+Why it works this way: docs/architecture.md, "Notes by module", ``usp_dispatcher.mcp.server``.
 """
 
 from __future__ import annotations

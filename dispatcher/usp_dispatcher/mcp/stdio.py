@@ -1,18 +1,6 @@
 """``usp-webhooks mcp``: the MCP server over stdio, one JSON-RPC message per line.
 
-Our own line transport instead of the SDK's ``stdio_server``: the SDK's turns a line that is not
-JSON, or not a JSON-RPC message, into an exception its dispatcher logs and drops, so the client
-waits forever for an answer. Here such a line is answered, as JSON-RPC 2.0 asks: ``-32700
-parse_error`` when it is not JSON, ``-32600 invalid_request`` when it is JSON but not a JSON-RPC
-message (with the request's ``id`` when one can be read, else ``null``). Blank lines are skipped.
-When stdin closes, every request read before is still answered (``cat session.jsonl | …``).
-Every error the server writes passes :func:`.protocol.wire_error`, so the few the SDK makes before
-our middleware runs (the protocol-era check) carry our code words too.
-
-The process prepares its database as the API does (migrations, a signing key, the demo catalog)
-and runs the live-webhook hub alongside: once the platform on the other end of the pipe made a
-privileged call with its profile, it receives that profile's events as ``usp_webhook``
-notifications.
+Why it works this way: docs/architecture.md, "Notes by module", ``usp_dispatcher.mcp.stdio``.
 """
 
 from __future__ import annotations

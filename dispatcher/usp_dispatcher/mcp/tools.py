@@ -1,21 +1,6 @@
 """The USP MCP tools: their table (name, description, access class, ``inputSchema``) and handlers.
 
-Each tool is a thin wrapper over exactly one service function, the one its REST route calls
-(:mod:`usp_dispatcher.domain` for scheduling, :mod:`usp_dispatcher.webhooks.feed` for subscriptions), with
-the same argument models as the route where there is one, and, for a state change, the same
-:func:`usp_dispatcher.domain.perform` (idempotency, one commit for the change and its events). What
-the MCP layer adds is who the caller is (:class:`ToolCall`, after ``access.authorize``):
-
-* a platform's bookings and waitlist entries carry its profile (``platform_profile``), and the
-  scoped tools touch only what the caller may (``access.may_touch_booking``); anything else is
-  answered ``booking_not_found`` / ``waitlist_entry_not_found``, exactly as an id that does not
-  exist, so one platform cannot probe another's ids;
-* feed subscriptions made over MCP belong to the caller's profile, and list/delete see only those;
-* ``usp_bookings_create`` returns a ``booking_scoped_credential`` for the new booking, bound
-  (``cnf.jkt``) to the key that signed the request, or to ``_meta.usp.platform_key`` when given.
-
-Every ``inputSchema`` admits ``_meta`` inside ``arguments`` (the binding puts ``_meta.usp`` there);
-it is taken out before the arguments are validated against the model.
+Why it works this way: docs/architecture.md, "Notes by module", ``usp_dispatcher.mcp.tools``.
 """
 
 from __future__ import annotations

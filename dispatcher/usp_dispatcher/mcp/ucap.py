@@ -3,8 +3,7 @@
 whose signature the MCP HTTP request carried, so authorization, rate limits and entitlements are
 the HTTP API's, not a second copy.
 
-Over stdio there is no signature to act on: the tools answer ``-32001`` there, pointing at the
-agent-side server (``usp-webhooks ucap-mcp``), which signs each ``/v1`` call itself.
+Why it works this way: docs/architecture.md, "Notes by module", ``usp_dispatcher.mcp.ucap``.
 """
 
 from __future__ import annotations

@@ -3,9 +3,7 @@ agent (stdio, in its MCP client's configuration), offers the five UCAP tools, an
 calling the publisher's ``/v1`` API over HTTP, every request signed with the agent's Ed25519 key
 as OpenBotAuth's signer signs (:func:`usp_dispatcher.access.signatures.web_bot_auth_headers`).
 
-It holds no database and trusts nothing local: the publisher's HTTP API decides everything, and
-its 402 becomes ``{"status": "payment_required", "offers": …}``
-(:func:`usp_dispatcher.ucap.tools.tool_result`).
+Why it works this way: docs/architecture.md, "Notes by module", ``usp_dispatcher.mcp.ucap_agent``.
 """
 
 from __future__ import annotations

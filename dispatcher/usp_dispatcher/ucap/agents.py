@@ -2,10 +2,7 @@
 its RFC 9421 signature (:func:`usp_dispatcher.access.verify_agent_signature`, the one verifier
 the USP tools use too).
 
-An agent is its key directory *and* key thumbprint, never its origin: two agents registered at
-one OpenBotAuth registry share the origin and must not share entitlements. Refusals are 403
-``agent_unauthorized`` saying why (unsigned, stale, tampered, unknown key, replayed nonce).
-A per-agent, per-process rate limit answers 429 ``rate_limited`` with ``Retry-After``.
+Why it works this way: docs/architecture.md, "Notes by module", ``usp_dispatcher.ucap.agents``.
 """
 
 from __future__ import annotations

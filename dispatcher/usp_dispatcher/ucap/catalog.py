@@ -1,11 +1,7 @@
 """Reading the catalog: search, lookup by any of UCAP's id forms, and content access (200 with the
 post, or 402 with offers).
 
-Shapes follow the UCAP specification (publications with ``title``, ``price`` range, ``tiers``;
-posts with ``teaser``, ``min_tier``, ``content_url``) plus the names the seed's tools use
-(``name``, ``publisher_id``, ``tier_id``). Lookups of an id that does not exist answer 200 with a
-``NOT_FOUND`` message, as the specification's lookup asks; content of a post that does not exist
-is a 404 ``content_not_found``.
+Why it works this way: docs/architecture.md, "Notes by module", ``usp_dispatcher.ucap.catalog``.
 """
 
 from __future__ import annotations

@@ -1,10 +1,7 @@
 """The content domain's events, emitted through the transactional outbox in the caller's session
 (the change and its event commit together or not at all).
 
-Audience: posts and publications are the public catalog (``None``: every subscription matching
-``content.*`` hears them). Subscriptions and entitlements name an agent and what it pays, so they go
-to the business's own subscriptions only (``""``), as a booking's buyer details never reach
-another platform.
+Why it works this way: docs/architecture.md, "Notes by module", ``usp_dispatcher.ucap.events``.
 """
 
 from __future__ import annotations

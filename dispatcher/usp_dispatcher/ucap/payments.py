@@ -2,16 +2,7 @@
 subscription; whichever way it completes, :func:`usp_dispatcher.ucap.subscriptions.fulfil` grants
 it (one fulfilment path).
 
-* ``sandbox`` (default for ``stripe`` when Stripe is not configured): the checkout URL is a page
-  of this service whose Pay button completes the session.
-* ``stripe``: a Stripe Checkout Session (``mode=subscription``) for the tier's Stripe price,
-  through the official ``stripe`` library; the ``checkout.session.completed`` webhook (its
-  ``Stripe-Signature`` verified) completes it.
-* ``usdc``: x402 v1. The subscription answer carries ``PaymentRequirements``; the agent pays by
-  sending ``X-PAYMENT`` to the requirement's ``resource``; the payment is verified and settled by a
-  facilitator (``/verify``, ``/settle``) before anything is granted. Without a configured
-  facilitator the built-in :class:`SandboxFacilitator` answers (it checks amount, recipient,
-  network, validity window and reuse, not the EIP-712 signature: it moves no money).
+Why it works this way: docs/architecture.md, "Notes by module", ``usp_dispatcher.ucap.payments``.
 """
 
 from __future__ import annotations

@@ -1,19 +1,7 @@
 """Ranked full-text search over publications and posts: PostgreSQL full-text search on
 PostgreSQL, SQLite FTS5 on the embedded default, behind :func:`index_document` and :func:`search`.
 
-Both index the same three fields, weighted title > summary (description, excerpt, teaser) > body,
-with English stemming (``english`` configuration; FTS5's ``porter`` tokenizer). A query's words
-must all match; when no document has them all, any of them will do, and documents matching more
-(and rarer) words rank first (``ts_rank_cd``; FTS5's ``bm25``). Without words, newest first.
-
-Cost is bounded on PostgreSQL. Matching uses the whole text's ``tsvector`` through its GIN index;
-ranking reads only the title and summary's (``headline``, kept in the row), so a match in the body
-alone ranks by date; and only the newest :data:`CANDIDATES` matches are ranked (a query matching
-more is too broad to need its oldest matches ranked against its newest), so ``total`` counts at
-most that many. Measured with ``bench/ucap.py`` at 100,000 posts: ranking every match of a common
-word on the whole text cost ~8 µs a document, 0.8 s a query. FTS5 ranks every match in C and is
-not capped. The index row carries what the filters read (date, language, free, categories on
-PostgreSQL, and the tiers that unlock a post or that a publication has), so filters need no join.
+Why it works this way: docs/architecture.md, "Notes by module", ``usp_dispatcher.ucap.search``.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ HTTP API is the source of truth, and a tool is the same operation reached anothe
 (the ``/v1`` request's, or the MCP request's), and both go through the same verifier and nonce
 store; rate limits, entitlements and every refusal are here, once.
 
-Database work runs off the event loop; each operation takes a fresh session.
+Why it works this way: docs/architecture.md, "Notes by module", ``usp_dispatcher.ucap.service``.
 """
 
 from __future__ import annotations

@@ -1,13 +1,7 @@
 """Subscribing, paying and entitlements: ``POST /v1/subscribe``, the one :func:`fulfil` every
 provider's completion goes through, ``GET /v1/entitlements`` and ``DELETE /v1/entitlements/{id}``.
 
-Fulfilment is one transaction: the checkout is completed by a conditional ``UPDATE`` (only an
-open, unexpired session; the loser of a race or a second confirmation changes nothing), the
-subscription activated, the entitlement created (unique per subscription) and both events written
-to the outbox. A crash before the commit leaves the session open, so the provider's retry (Stripe
-re-sends its webhook; an agent re-sends ``X-PAYMENT``, which a facilitator settles idempotently)
-grants it then; a crash after it leaves nothing to do. Either way the grant and its events exist
-together or not at all.
+Why it works this way: docs/architecture.md, "Notes by module", ``usp_dispatcher.ucap.subscriptions``.
 """
 
 from __future__ import annotations

@@ -1,13 +1,7 @@
 """The content domain's tables (``ucap_*``): publications, tiers, posts, agents' subscriptions,
 entitlements and checkout sessions.
 
-They share the scheduling domain's metadata (:data:`usp_dispatcher.domain.tables.DOMAIN_METADATA`),
-so one migration chain owns both. The search index (``ucap_search``) is not a model: its shape
-differs per dialect (a ``tsvector`` table on PostgreSQL, an FTS5 table on SQLite) and only
-:mod:`.search` reads or writes it.
-
-Lists a row's readers need whole (categories, features, external ids) are JSON text; what search
-filters on (a post's categories and unlocking tiers) has a link table too, indexed.
+Why it works this way: docs/architecture.md, "Notes by module", ``usp_dispatcher.ucap.tables``.
 """
 
 from __future__ import annotations

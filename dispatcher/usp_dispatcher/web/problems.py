@@ -1,10 +1,6 @@
 """RFC 9457 problem responses for every error this service answers, and the handlers that make them.
 
-Clients switch on ``reason`` (repeated in the ``type`` URI, as the receiver library does), so
-every refusal has one, including FastAPI's own (validation, unknown route, wrong method). The
-catch-all is a middleware rather than an ``Exception`` handler: Starlette re-raises after such a
-handler runs, which would log the same failure twice and, in tests, crash the client. Nothing an
-exception says reaches the client; the server log gets the traceback.
+Why it works this way: docs/architecture.md, "Notes by module", ``usp_dispatcher.web.problems``.
 """
 
 from __future__ import annotations

@@ -1,18 +1,6 @@
 """What every string a client sends must be before a route or a tool sees it: free of NUL.
 
-JSON, URLs and Python strings all carry U+0000; PostgreSQL's ``text`` refuses it, so a NUL that
-reached a query (``GET /services/availability?service_id=%00``) failed as a database error, a
-500. The rule is checked once, at the edge, for the whole app: :class:`RefuseNul`, an ASGI
-middleware, answers a ``422 invalid_request`` problem for a NUL in the path, the query or any
-string (keys included) of a JSON body; the MCP server applies the same :func:`contains_nul` to
-``tools/call`` arguments and answers ``-32602`` (its transport has its own error shape, so the
-middleware leaves the MCP endpoint alone).
-
-The body has to be read whole to be parsed, so the middleware bounds it: a body over
-:data:`MAX_BODY_BYTES` is refused with 413 before it is buffered (USP bodies are one object; the
-largest, an event, has the same bound). Only a body that can hold a NUL string is parsed: in
-UTF-8 JSON that needs the escape ``\\u0000`` (a raw control character is not valid JSON), and
-UTF-16/32 JSON has zero bytes, so any other body costs one byte search.
+Why it works this way: docs/architecture.md, "Notes by module", ``usp_dispatcher.web.request_guard``.
 """
 
 from __future__ import annotations

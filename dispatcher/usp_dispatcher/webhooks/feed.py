@@ -1,22 +1,6 @@
 """Feed subscriptions: where a platform wants its events, checked before anything is stored.
 
-These are the service functions behind ``/services/feed/subscriptions`` and the platform-profile
-registration; the MCP tools call the same ones. Two checks guard every subscription:
-
-* its URL passes the SSRF policy (:func:`usp_workers.engine.ssrf.check_target`) *now*, so a platform
-  learns at once that ``http://10.0.0.5/`` will never be delivered to (the workers check again at
-  every delivery, since DNS can change);
-* every event-type pattern names at least one real event type, so a typo such as ``bookings.*``
-  is an error instead of a subscription that silently never fires.
-
-The checks and the write are separate steps: :func:`check_subscription` (async: the SSRF check
-resolves the host) runs first, then :func:`add_subscription` writes in the caller's session and
-leaves the commit to the caller, so the MCP tool can write inside
-:func:`usp_dispatcher.domain.perform` (one transaction for the subscription and its idempotency
-key) and the REST route commits by itself.
-
-Subscriptions are never deleted: deliveries reference them, and the delivery history must keep
-its meaning. Deleting one disables it with ``disabled_reason = "deleted"``.
+Why it works this way: docs/architecture.md, "Notes by module", ``usp_dispatcher.webhooks.feed``.
 """
 
 from __future__ import annotations

@@ -1,12 +1,6 @@
 """Accepting events from the business: validate, record with their deliveries, answer idempotently.
 
-An event is identified by its ``event_id`` (receivers deduplicate on it), so posting the same
-event twice must not deliver it twice. A second post of the *same* payload is a harmless retry
-and gets the first answer again; a *different* payload under a used id is a bug on the caller's
-side and is refused, because delivering either version would be silently wrong.
-
-:func:`accept_events` takes many events in one transaction with an outcome per event (the batch
-route); :class:`Intake` gathers concurrent single posts into such transactions (group commit).
+Why it works this way: docs/architecture.md, "Notes by module", ``usp_dispatcher.webhooks.intake``.
 """
 
 from __future__ import annotations

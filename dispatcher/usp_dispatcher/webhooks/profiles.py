@@ -1,13 +1,6 @@
 """Platform profile registration: read a platform's profile document and subscribe its webhook URL.
 
-A platform profile is a JSON document at an ``https`` URI the platform controls (the URI it sends
-as ``_meta.usp.profile`` / ``USP-Agent``). Its ``webhook_url`` is where it wants events, with
-optional ``webhook_transport`` (``rest`` or ``jsonrpc``) and ``webhook_event_types`` (patterns).
-
-Fetching a URL a stranger names is the same risk as delivering to one, so the fetch gets the
-delivery's protections: the SSRF check, a connection pinned to the checked address (no second DNS
-answer), no redirects, no proxies from the environment, a 5 s budget and a 64 KiB cap. Plain
-``http`` profile URIs are accepted only in development mode (``USP_ALLOW_PRIVATE_TARGETS``).
+Why it works this way: docs/architecture.md, "Notes by module", ``usp_dispatcher.webhooks.profiles``.
 """
 
 from __future__ import annotations

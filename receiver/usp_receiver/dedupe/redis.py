@@ -1,12 +1,6 @@
 """Redis dedupe store: one key per event id, shared by every worker that talks to the same Redis.
 
-The key holds ``"p:<token>"`` while a handler runs (expiring after ``lease``) and ``"d"`` once it
-succeeded (expiring after ``ttl``); Redis' own key expiry does the cleanup. Each operation is one
-atomic Lua script. Commit and release are written without waiting for their replies, which are
-read with the next claim's: an event costs one round trip, and concurrent async calls share them.
-
-Import it explicitly (``from usp_receiver.dedupe.redis import RedisDedupe``): the package itself
-never imports ``redis``, which is an extra (``usp-receiver[redis]``).
+Why it works this way: docs/architecture.md, "Notes by module", ``usp_receiver.dedupe.redis``.
 """
 
 from __future__ import annotations

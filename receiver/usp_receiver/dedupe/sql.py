@@ -1,18 +1,6 @@
 """SQL dedupe store (SQLAlchemy Core): for deployments that have a database and no Redis.
 
-One row per event id: ``state`` is ``in_progress`` or ``done``, ``token`` identifies the claim
-holding it, ``expires_at`` (unix seconds, the application's wall clock) is when the lease or the
-ttl runs out. A row past ``expires_at`` is as good as absent: ``claim`` takes it over and
-``prune`` deletes it.
-
-Concurrency is the database's job, not a lock's: the claim is an ``INSERT .. ON CONFLICT DO
-NOTHING`` (PostgreSQL and SQLite; other dialects insert in a savepoint and catch the
-IntegrityError), so of two simultaneous claims the database lets exactly one insert. Taking over an
-expired row is an optimistic ``UPDATE .. WHERE`` on the values that were read, so of two takeovers
-exactly one matches. Both work under READ COMMITTED; nothing here needs SERIALIZABLE.
-
-Import it explicitly (``from usp_receiver.dedupe.sql import SqlDedupe``): the package itself never
-imports SQLAlchemy, which is an extra (``usp-receiver[sql]``).
+Why it works this way: docs/architecture.md, "Notes by module", ``usp_receiver.dedupe.sql``.
 """
 
 from __future__ import annotations

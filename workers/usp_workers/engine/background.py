@@ -1,17 +1,6 @@
 """One background event loop and one shared ``AsyncClient`` per process, for synchronous callers.
 
-Celery runs tasks in plain threads (or forked processes), but the delivery engine is async so a
-batch's requests run concurrently. Starting a loop per task (``anyio.run``) and a client per
-task would be the obvious bridge, and a slow one: a new ``httpx`` client costs ~38 ms (its TLS
-context) and discards the connection pool, and a new loop costs its own setup; at hundreds of
-batches a second that is most of the budget. So the process keeps one loop running in a daemon
-thread, with one client bound to it, and threads submit coroutines to it
-(:meth:`BackgroundRuntime.run`).
-
-Fork safety: a forked child inherits neither the loop's thread nor a usable copy of the pool's
-sockets (they are shared with the parent). After ``os.fork`` the child forgets the runtime and
-builds its own on first use. The parent's copy is kept referenced, never closed or collected in
-the child: closing it there could shut down TLS sessions the parent is still using.
+Why it works this way: docs/architecture.md, "Notes by module", ``usp_workers.engine.background``.
 """
 
 from __future__ import annotations

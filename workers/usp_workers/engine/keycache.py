@@ -1,10 +1,6 @@
 """The signing keys of the moment, cached in-process for a few seconds.
 
-Every batch needs "the keys that sign now". They change only when a rotation's ``signs_from`` or
-``retires_at`` passes, so reading and parsing them from the database per batch (or worse, per
-delivery) is waste on the hot path. The cache holds them until the sooner of ``max_age`` seconds
-or the next such boundary, so a rotation takes effect at its scheduled moment, not a few seconds
-late: during the overlap receivers already trust both keys, and the boundary is exact.
+Why it works this way: docs/architecture.md, "Notes by module", ``usp_workers.engine.keycache``.
 """
 
 from __future__ import annotations

@@ -1,14 +1,6 @@
 """The business's signing keys: generated on first start, rotated without a gap, published as JWKS.
 
-Rotation is a schedule, not a switch. ``rotate`` adds a key that is *published* at once but only
-*signs* from ``now + key_publish_lead_seconds`` (receivers' cached JWKS has picked it up by then);
-from that moment both keys sign (``sig1`` new, ``sig2`` old) for ``key_overlap_seconds``, after
-which the old key stops signing and, one publish lead later, leaves the JWKS. Every question
-("which keys sign now?", "which are published now?") is answered from those timestamps.
-
-Private keys live in the database (``usp_signing_keys.private_jwk``) or, with
-``USP_KEY_STORE_PATH``, as 0600 files in that folder with only a reference in the database. They
-are never logged: the record's ``repr`` omits them and nothing here prints them.
+Why it works this way: docs/architecture.md, "Notes by module", ``usp_workers.engine.keys``.
 """
 
 from __future__ import annotations

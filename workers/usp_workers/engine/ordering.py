@@ -1,12 +1,7 @@
 """Per-subject FIFO: a subscription with ``ordering = "subject"`` gets each subject's events in
 the order they were emitted, while different subjects flow in parallel.
 
-An ordered delivery carries its event's subject (``subject_key``) and place (``subject_order``:
-the event's ``created_at`` and id, so a replay or redrive of an event keeps its place). It may be
-claimed only when no earlier delivery of its subject to its subscription is still unsettled
-(:func:`unblocked`, part of the claim's and the scheduler's conditions); a finished one hands
-its subject's next delivery to the broker (:func:`successors`); the scheduler sends what that
-misses. A dead delivery holds its subject back when its subscription's ``on_dead`` is ``block``.
+Why it works this way: docs/architecture.md, "Notes by module", ``usp_workers.engine.ordering``.
 """
 
 from __future__ import annotations

@@ -1,14 +1,6 @@
 """What goes on the wire for one delivery try: the body for the transport, and signed headers.
 
-The body depends only on the event and the transport, so a batch that carries one event to
-several subscriptions encodes it once (pass a shared ``bodies`` cache). The signature depends on
-the target URL and on the moment, and is made afresh for every try: a retry hours later carries a
-new ``created``, which receivers' replay window (300 s) requires.
-
-* REST: the body is the stored event envelope, byte for byte (the event row's ``payload``).
-* JSON-RPC: a ``usp_webhook`` *notification* (no ``id``: the receiver must not answer it) whose
-  ``params`` is that same envelope. The envelope text is spliced in unchanged rather than parsed
-  and re-serialised: cheaper, and ``params`` is then exactly what a REST receiver would get.
+Why it works this way: docs/architecture.md, "Notes by module", ``usp_workers.engine.payloads``.
 """
 
 from __future__ import annotations

@@ -1,10 +1,6 @@
 """When to try a failed delivery again: the retry schedule, its jitter, and ``Retry-After``.
 
-The schedule is a list of waits, one per failed try (SPEC-NOTES: 5 s, 5 min, 30 min, 2 h, 5 h,
-10 h, 10 h); once it is used up the delivery is dead. Each wait is spread by ±``jitter`` so that
-deliveries that failed together (an endpoint's outage) do not all come back in the same second.
-A receiver's ``Retry-After`` (on 429/503) is honoured, but only within 1x to 2x the scheduled wait:
-a receiver may slow us down, not stall a delivery for days or make us hammer it.
+Why it works this way: docs/architecture.md, "Notes by module", ``usp_workers.engine.schedule``.
 """
 
 from __future__ import annotations

@@ -1,10 +1,6 @@
 """OpenTelemetry traces of an event's way out: emit, hand-off, claim, each attempt.
 
-Off unless ``OTEL_EXPORTER_OTLP_ENDPOINT`` is set (the SDK's own ``OTEL_*`` variables configure
-the exporter); off, every helper here returns at once. The trace context of the call that
-emitted an event is stored with it (``usp_events.traceparent``), so the worker that delivers it,
-in another process and maybe hours later, continues that trace; each attempt sends its own as
-W3C ``traceparent`` (a header the signature does not cover).
+Why it works this way: docs/architecture.md, "Notes by module", ``usp_workers.engine.tracing``.
 """
 
 from __future__ import annotations

@@ -1,18 +1,6 @@
 """One HTTP try of one delivery, and the client it goes through.
 
-A try never raises: whatever happens (a response, a timeout, a refused connection, a target the
-SSRF guard refuses, a bug) comes back as a :class:`TryResult`, because one delivery's trouble
-must not abort the other deliveries of its batch.
-
-Bounds, and why each exists:
-
-* ``total_timeout`` for the whole try (``send_pinned`` enforces it as a deadline the pool keeps;
-  httpx's own timeouts are per phase, so a server dribbling a byte every few seconds would
-  otherwise hold a try forever), and ``connect_timeout`` for the connection;
-* at most ``per_endpoint_concurrency`` tries in flight per endpoint (scheme, host, port) in this
-  process, so one slow endpoint cannot take every connection and stall everyone else's webhooks;
-* at most :data:`EXCERPT_BYTES` of the response body is read: a receiver answering with a huge
-  body cannot eat the worker's memory (the connection is closed instead of drained).
+Why it works this way: docs/architecture.md, "Notes by module", ``usp_workers.engine.transport``.
 """
 
 from __future__ import annotations

@@ -1,15 +1,6 @@
 """What a try means for its delivery: done, retry later, dead, or the subscription is gone.
 
-The rules are the delivery contract (SPEC-NOTES), in one pure function so they can be read and
-tested without a network:
-
-* any 2xx: succeeded;
-* 410 Gone: the receiver wants no more: the subscription is disabled, this delivery is dead;
-* 3xx: a failure (``redirect``): redirects are never followed, a followed redirect would be an
-  unchecked second target;
-* 429/503 with ``Retry-After``: retried, honouring it within 1x to 2x of the scheduled wait;
-* every other status, timeouts, connection and transport errors, refused targets: retried on
-  the schedule; when the schedule is used up the delivery is dead (the dead letter).
+Why it works this way: docs/architecture.md, "Notes by module", ``usp_workers.engine.verdict``.
 """
 
 from __future__ import annotations

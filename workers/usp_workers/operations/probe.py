@@ -1,10 +1,7 @@
 """A battery of deliveries, most of them wrong on purpose, that tells whether an endpoint really
 verifies what it receives: signature, digest, covered components, key, time window.
 
-Each case is a ``probe.test`` event (:mod:`usp_schemas`' probe event, ``USP-Probe`` header),
-signed with the business's current keys unless the case is about a wrong signature, and sent
-once to the checked address (:func:`usp_workers.engine.ssrf.send_pinned`). Nothing is recorded as a
-delivery: no attempt, no retry, no dead letter.
+Why it works this way: docs/architecture.md, "Notes by module", ``usp_workers.operations.probe``.
 """
 
 from __future__ import annotations

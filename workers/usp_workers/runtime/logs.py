@@ -1,15 +1,6 @@
 """Structured logs: one JSON object per line, for the API, the worker and the scheduler.
 
-``USP_LOG_FORMAT=json`` turns it on (:func:`configure_logging`). Each line carries ``ts``,
-``level``, ``logger`` and ``message``, and the ids an operator searches by when a platform says
-"we never got it": ``event_id``, ``delivery_id``, ``subscription_id``, ``correlation_id`` (and
-``attempt_number``, ``outcome``, ``status_code``), taken from the record's ``extra`` — the
-delivery engine logs every try with them (:mod:`usp_workers.engine.delivery`).
-
-Secrets and signatures are never logged: the engine never passes a header, a body, a key or a
-token to a log call. As a second line of defence :class:`JsonFormatter` (and
-:class:`RedactingFilter`, for text logs) masks what looks like one anyway: an RFC 9421
-``Signature`` value (``sig1=:…:``), a bearer token, a JWK private member (``"d": "…"``).
+Why it works this way: docs/architecture.md, "Notes by module", ``usp_workers.runtime.logs``.
 """
 
 from __future__ import annotations

@@ -1,16 +1,6 @@
 """The Celery task that delivers a batch, and the hand-off that sends batches to it.
 
-One task delivers a *batch* of deliveries, never one: Celery spends ~0.8 ms of CPU per task
-(serialising, publishing, reserving, acknowledging), which one task per delivery would pay
-thousands of times a second. A batch shares that cost, its claim, its load and its record.
-
-* :func:`deliver` (``usp.deliver``, a list of delivery ids) calls the engine
-  (:func:`usp_workers.engine.delivery.deliver_batch_sync`) on a per-process database engine.
-* :func:`enqueue_deliveries` splits ids into ``batch_size`` batches and sends one task each.
-* :func:`run_job` (``usp.run_job``, a job id) works an admin recover or redrive job through
-  (:mod:`usp_workers.operations`); :func:`enqueue_job` sends it.
-* :func:`install_enqueuer` makes every :func:`usp_workers.engine.outbox.emit` in this process hand its
-  deliveries to the broker right after the transaction commits (the API calls it at start-up).
+Why it works this way: docs/architecture.md, "Notes by module", ``usp_workers.runtime.tasks``.
 """
 
 from __future__ import annotations

@@ -1,14 +1,6 @@
 """Starting a delivery worker: a Celery worker consuming the delivery queue.
 
-The default pool is **threads**, because a delivery batch spends nearly all its time waiting on
-receivers, and the delivery engine already multiplexes that waiting: every batch of a process
-runs on one shared event loop with one pooled ``httpx`` client (:mod:`usp_workers.engine.background`). A
-thread per running batch is all Celery needs to provide, and threads share the loop, the client's
-connections, the signing-key cache and the per-endpoint bound (``per_endpoint_concurrency`` is
-per process, i.e. per loop). The prefork pool would give every child its own loop, client,
-connection pool and endpoint bound (N children: N times the requests to a slow endpoint) for no gain
-on I/O-bound work. CPU (signing, JSON, the database driver) scales by running more worker
-processes, e.g. one per core, each with its threads.
+Why it works this way: docs/architecture.md, "Notes by module", ``usp_workers.runtime.worker``.
 """
 
 from __future__ import annotations
