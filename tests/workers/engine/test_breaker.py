@@ -226,7 +226,9 @@ async def test_a_429_holds_back_the_subscriptions_other_deliveries(
         await Answer(429, headers=[("Retry-After", "30")])(scope, receive, send)
 
     sub = add_subscription(database, endpoints.add("busy", busy))
-    first = emit_event(database)[1][0]
+    # Both emitted before the clock stops: a delivery emitted later (by the wall clock) would
+    # not be due yet at the frozen moment, however loaded the machine.
+    first, second = (emit_event(database)[1][0] for _ in range(2))
     clock.freeze()
     await deliver_batch(database, settings, [first], client=client, now=clock)
     row = subscription(database, sub.id)
@@ -234,7 +236,6 @@ async def test_a_429_holds_back_the_subscriptions_other_deliveries(
     assert row.breaker_until == clock() + timedelta(seconds=30)
     assert delivery(database, first).next_attempt_at == clock() + timedelta(seconds=30)  # 1x..2x of 20 s
 
-    second = emit_event(database)[1][0]
     clock.advance(1)
     report = await deliver_batch(database, settings, [second], client=client, now=clock)
     assert report.paused == 1
