@@ -64,15 +64,16 @@ def claim_hold(session: Session, slot_id: str, now: datetime) -> SlotRow:
 def _update(
     session: Session, slot_id: str, now: datetime, conditions: tuple[Any, ...], **values: Any
 ) -> SlotRow | None:
+    # One statement: the conditional UPDATE hands back the row it changed (the slot as loaded
+    # earlier in the session is refreshed in place), or nothing when the condition failed.
     statement = (
         sa.update(SlotRow)
         .where(col(SlotRow.id) == slot_id, *conditions)
         .values(updated_at=now, **values)
-        .execution_options(synchronize_session=False)
+        .returning(SlotRow)
+        .execution_options(synchronize_session=False, populate_existing=True)
     )
-    if session.exec(statement).rowcount != 1:
-        return None
-    return session.get(SlotRow, slot_id, populate_existing=True)
+    return session.scalars(statement).first()
 
 
 def _require(slot: SlotRow | None, slot_id: str) -> SlotRow:
