@@ -20,6 +20,7 @@ DEFAULT_AMQP_URL = "amqp://guest:guest@127.0.0.1:5672//"
 DEFAULT_POSTGRES_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups off the markers
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Under pytest-xdist (``-n``, ``--dist loadgroup``), the tests that run the pipeline on the
     shared Redis or RabbitMQ queue go to one worker: they hold the queue alone anyway (a lock in

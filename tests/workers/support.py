@@ -350,6 +350,20 @@ class ServiceProcess:
             self._signal_group(signal.SIGKILL)
             self.process.wait(10)
 
+    def kill_while(self, holds: Callable[[], bool], timeout: float = 60.0) -> None:
+        """SIGKILL it at a moment ``holds()`` is true of it: the group is stopped (SIGSTOP) before
+        each look, so what was seen cannot finish between the look and the kill."""
+        deadline = time.monotonic() + timeout
+        while True:
+            self._signal_group(signal.SIGSTOP)
+            if holds():
+                self.kill()
+                return
+            self._signal_group(signal.SIGCONT)
+            if time.monotonic() > deadline:
+                pytest.fail(f"{self.name}: the moment to kill it never came in {timeout} s:\n{self.output()}")
+            time.sleep(0.01)
+
     def stop(self, timeout: float = 20.0) -> int | None:
         """SIGTERM (a warm shutdown), SIGKILL to the group if it does not exit within ``timeout``."""
         if self.process.poll() is None:
