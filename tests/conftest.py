@@ -20,18 +20,6 @@ DEFAULT_AMQP_URL = "amqp://guest:guest@127.0.0.1:5672//"
 DEFAULT_POSTGRES_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups off the markers
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Under pytest-xdist (``-n``, ``--dist loadgroup``), the tests that run the pipeline on the
-    shared Redis or RabbitMQ queue go to one worker: they hold the queue alone anyway (a lock in
-    Redis, see ``tests.workers.support.exclusive``), and on one worker none waits for another."""
-    for item in items:
-        callspec = getattr(item, "callspec", None)
-        broker = callspec.params.get("pipeline") if callspec is not None else None
-        if isinstance(broker, tuple) and broker[0] in ("redis", "amqp"):
-            item.add_marker(pytest.mark.xdist_group("shared-broker"))
-
-
 @pytest.fixture
 def anyio_backend() -> str:
     """Async tests run on asyncio only (the library targets asyncio frameworks)."""
