@@ -41,7 +41,7 @@ from tests.workers.support import (
     StartRelay,
     StartWorker,
     WorkerProcess,
-    emptied_amqp_queue,
+    amqp_exclusive,
     exclusive,
     redis_db_url,
 )
@@ -210,16 +210,16 @@ def pipeline(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Pipelin
     with ExitStack() as stack:
         client: redis.Redis | None = None
         lock = None
-        if broker_kind in ("redis", "amqp"):
-            # RabbitMQ runs share its queue across test runs too: the Redis lock serialises them.
+        if broker_kind == "redis":
             locked = redis_db_url(request.getfixturevalue("redis_url"))
             client = stack.enter_context(redis.Redis.from_url(locked))
             lock = stack.enter_context(exclusive(client))
             broker = locked
-        if broker_kind == "amqp":
+        elif broker_kind == "amqp":
+            # RabbitMQ runs share its queue across test runs too: a lock of its own serialises them.
             broker = request.getfixturevalue("amqp_url")
-            stack.enter_context(emptied_amqp_queue(broker))
-        elif broker_kind != "redis":
+            stack.enter_context(amqp_exclusive(request.getfixturevalue("redis_url"), broker))
+        else:
             broker = f"sqla+sqlite:///{tmp_path / 'broker.sqlite3'}"
         url = stack.enter_context(PipelineDatabase(request, database_kind, tmp_path))
         fields: dict[str, Any] = {

@@ -148,6 +148,10 @@ def subscription(engine: Engine, subscription_id: str) -> Subscription:
 REDIS_DB = 11
 #: The key that serialises test runs sharing a Redis server (see :func:`exclusive`).
 REDIS_LOCK = "usp-tests:pipeline-lock"
+#: The database holding the lock of RabbitMQ's delivery queue (see :func:`amqp_exclusive`): apart
+#: from :data:`REDIS_DB`, which the Redis pipeline tests empty.
+AMQP_LOCK_DB = 12
+AMQP_LOCK = "usp-tests:rabbitmq-queue-lock"
 WORKER_READY_TIMEOUT = 45.0
 
 
@@ -215,10 +219,10 @@ class Pipeline:
         return int(waiting)
 
 
-def redis_db_url(base: str) -> str:
-    """``base`` (the suite's Redis URL) on the pipeline tests' database :data:`REDIS_DB`."""
+def redis_db_url(base: str, db: int = REDIS_DB) -> str:
+    """``base`` (the suite's Redis URL) on database ``db`` (the pipeline tests' :data:`REDIS_DB`)."""
     parts = urlsplit(base)
-    return urlunsplit((parts.scheme, parts.netloc, f"/{REDIS_DB}", "", ""))
+    return urlunsplit((parts.scheme, parts.netloc, f"/{db}", "", ""))
 
 
 @contextmanager
@@ -239,6 +243,22 @@ def exclusive(client: redis.Redis) -> Iterator[Lock]:
     finally:
         empty(client)
         lock.release()
+
+
+@contextmanager
+def amqp_exclusive(redis_url: str, amqp_url: str) -> Iterator[None]:
+    """Hold RabbitMQ's delivery queue alone, emptied, for one test: the same reason as
+    :func:`exclusive`, its own lock (in :data:`AMQP_LOCK_DB`), so that a RabbitMQ test and a Redis
+    one run side by side (on two xdist workers)."""
+    with redis.Redis.from_url(redis_db_url(redis_url, AMQP_LOCK_DB)) as client:
+        lock = client.lock(AMQP_LOCK, timeout=600, blocking_timeout=600)
+        if not lock.acquire():
+            pytest.fail("another test run held RabbitMQ's delivery queue for 10 minutes")
+        try:
+            with emptied_amqp_queue(amqp_url):
+                yield
+        finally:
+            lock.release()
 
 
 @contextmanager
