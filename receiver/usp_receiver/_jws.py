@@ -94,10 +94,6 @@ def sign_notification_params(
     Raises ``ValueError`` for a key whose algorithm has no in-band form (only Ed25519 and P-256
     keys sign notifications), a non-object ``_meta``/``_meta.usp``, or params JCS cannot encode.
     """
-    if key.alg not in ("ed25519", "ecdsa-p256-sha256"):
-        raise ValueError(
-            f"in-band notification signatures use ed25519 or ecdsa-p256-sha256 keys, not {key.alg!r}"
-        )
     header: dict[str, Any] = {"kid": key.kid, "typ": JWS_TYP, "iat": int(time.time()) if iat is None else iat}
     token = sign_jws(header, canonical_notification_payload(params), key, detached=True)
 

@@ -43,7 +43,7 @@ _ALGORITHM_CLASSES: dict[str, type[algorithms.HTTPSignatureAlgorithm]] = {
     "hmac-sha256": algorithms.HMAC_SHA256,
 }
 # JOSE "alg" names (RFC 7518, RFC 8037) for the same algorithms, used in JWKs and JWS headers.
-_JOSE_TO_HTTPSIG = {
+JOSE_TO_HTTPSIG = {
     "EdDSA": "ed25519",
     "Ed25519": "ed25519",
     "ES256": "ecdsa-p256-sha256",
@@ -219,7 +219,7 @@ def _algorithm_for(jwk: Mapping[str, Any], alg: str | None) -> str:
             raise ValueError(f"unsupported algorithm {alg!r}")
         return alg
     if "alg" in jwk:
-        named = _JOSE_TO_HTTPSIG.get(str(jwk["alg"]), str(jwk["alg"]))
+        named = JOSE_TO_HTTPSIG.get(str(jwk["alg"]), str(jwk["alg"]))
         if named not in _ALGORITHM_CLASSES:
             raise ValueError(f"unsupported JWK alg {jwk['alg']!r}")
         return named

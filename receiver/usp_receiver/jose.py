@@ -13,7 +13,7 @@ from typing import Any, Final
 
 import rfc8785
 
-from usp_receiver._keys import PublicKey, SigningKey, b64url_encode
+from usp_receiver._keys import JOSE_TO_HTTPSIG, PublicKey, SigningKey, b64url_encode
 
 __all__ = [
     "JOSE_ALGS",
@@ -26,10 +26,9 @@ __all__ = [
     "unb64url",
 ]
 
-#: JOSE ``alg`` → the key algorithm (RFC 9421 name) it requires. ``Ed25519`` is RFC 9864's fully
-#: specified name for the same signature; accepting it costs nothing.
-JOSE_ALGS: Final[dict[str, str]] = {"EdDSA": "ed25519", "Ed25519": "ed25519", "ES256": "ecdsa-p256-sha256"}
-_KEY_TO_JOSE: Final[dict[str, str]] = {"ed25519": "EdDSA", "ecdsa-p256-sha256": "ES256"}
+#: The JOSE ``alg`` names a JWS here may carry → the key algorithm (RFC 9421 name) each requires,
+#: from the key module's one table. ``Ed25519`` is RFC 9864's fully specified name for EdDSA.
+JOSE_ALGS: Final[dict[str, str]] = {alg: JOSE_TO_HTTPSIG[alg] for alg in ("EdDSA", "Ed25519", "ES256")}
 _B64URL: Final = re.compile(r"[A-Za-z0-9_-]*")
 _MAX_TOKEN: Final = 16 * 1024
 
@@ -80,10 +79,9 @@ def sign_jws(
     """``<header>.<payload>.<signature>``, the header given the key's ``alg``; a dict payload is
     written as JCS. ``detached`` leaves the payload part empty (RFC 7515 Appendix F): the
     verifier rebuilds it. ``ValueError`` for a key with no JOSE form or a payload JCS refuses."""
-    alg = _KEY_TO_JOSE.get(key.alg)
-    if alg is None:
+    if key.alg not in JOSE_ALGS.values():
         raise ValueError(f"JWS signing needs an ed25519 or ecdsa-p256-sha256 key, not {key.alg!r}")
-    encoded_header = b64url(rfc8785.dumps(header | {"alg": alg}))
+    encoded_header = b64url(rfc8785.dumps(header | {"alg": key.public.jose_alg}))
     encoded_payload = b64url(payload if isinstance(payload, bytes) else rfc8785.dumps(payload))
     signature = b64url(key.sign(f"{encoded_header}.{encoded_payload}".encode("ascii")))
     return f"{encoded_header}.{'' if detached else encoded_payload}.{signature}"
