@@ -234,14 +234,24 @@ def exclusive(client: redis.Redis) -> Iterator[Lock]:
     database itself serialises the runs; it expires on its own if a run dies holding it. The
     database is emptied like ``flushdb`` does, except for the lock.
     """
-    lock = client.lock(REDIS_LOCK, timeout=600, blocking_timeout=600)
-    if not lock.acquire():
-        pytest.fail(f"another test run held Redis database {REDIS_DB} for 10 minutes")
-    try:
+    with _held(client, REDIS_LOCK, f"Redis database {REDIS_DB}") as lock:
         empty(client)
+        try:
+            yield lock
+        finally:
+            empty(client)
+
+
+@contextmanager
+def _held(client: redis.Redis, name: str, what: str) -> Iterator[Lock]:
+    """The lock ``name`` in ``client``'s database, waited for up to 10 minutes; it expires on its
+    own after as long if the run holding it dies."""
+    lock = client.lock(name, timeout=600, blocking_timeout=600)
+    if not lock.acquire():
+        pytest.fail(f"another test run held {what} for 10 minutes")
+    try:
         yield lock
     finally:
-        empty(client)
         lock.release()
 
 
@@ -250,15 +260,12 @@ def amqp_exclusive(redis_url: str, amqp_url: str) -> Iterator[None]:
     """Hold RabbitMQ's delivery queue alone, emptied, for one test: the same reason as
     :func:`exclusive`, its own lock (in :data:`AMQP_LOCK_DB`), so that a RabbitMQ test and a Redis
     one run side by side (on two xdist workers)."""
-    with redis.Redis.from_url(redis_db_url(redis_url, AMQP_LOCK_DB)) as client:
-        lock = client.lock(AMQP_LOCK, timeout=600, blocking_timeout=600)
-        if not lock.acquire():
-            pytest.fail("another test run held RabbitMQ's delivery queue for 10 minutes")
-        try:
-            with emptied_amqp_queue(amqp_url):
-                yield
-        finally:
-            lock.release()
+    with (
+        redis.Redis.from_url(redis_db_url(redis_url, AMQP_LOCK_DB)) as client,
+        _held(client, AMQP_LOCK, "RabbitMQ's delivery queue"),
+        emptied_amqp_queue(amqp_url),
+    ):
+        yield
 
 
 @contextmanager
