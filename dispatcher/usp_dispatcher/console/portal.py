@@ -16,8 +16,9 @@ from sqlmodel import Session, col, select
 from usp_dispatcher.console import session as login
 from usp_dispatcher.console.session import Login
 from usp_dispatcher.console.web import UNSETTLED, admin_token, call, redirect, render, session_dependencies
-from usp_dispatcher.errors import DispatcherError, TooSoon
+from usp_dispatcher.errors import DispatcherError
 from usp_dispatcher.web.deps import ResolverDep, SessionDep, SettingsDep
+from usp_dispatcher.web.problems import status_of
 from usp_dispatcher.webhooks import probes
 from usp_dispatcher.webhooks.samples import sample_event
 from usp_schemas import EVENT_TYPES
@@ -204,7 +205,7 @@ async def probe_subscription(
     try:
         run = await probes.run(db, settings, row.url, Transport(row.transport), actor=who, resolver=resolver)
     except DispatcherError as exc:
-        status = 429 if isinstance(exc, TooSoon) else 422
+        status = status_of(exc)
         return await _subscription_page(
             request, db, portal, subscription_id, problem=exc.detail, status_code=status
         )

@@ -116,11 +116,21 @@ async def _on_http_problem(_request: Request, exc: HTTPProblem) -> JSONResponse:
 
 
 async def _on_dispatcher_error(_request: Request, exc: DispatcherError) -> JSONResponse:
-    kind = next((k for k in _STATUS_OF if isinstance(exc, k)), Refused)
+    kind = _kind_of(exc)
     headers = {"Retry-After": str(exc.retry_after)} if isinstance(exc, TooSoon) else None
     return problem_response(
         _STATUS_OF[kind], exc.reason, _TITLE_OF[kind], exc.detail, headers=headers, extra=exc.extra
     )
+
+
+def status_of(exc: DispatcherError) -> int:
+    """The HTTP status a service refusal answers with (what the problem handler sends), for a
+    surface that renders it itself (the console's pages)."""
+    return _STATUS_OF[_kind_of(exc)]
+
+
+def _kind_of(exc: DispatcherError) -> type[DispatcherError]:
+    return next((k for k in _STATUS_OF if isinstance(exc, k)), Refused)
 
 
 async def _on_request_validation(_request: Request, exc: RequestValidationError) -> JSONResponse:
