@@ -1,10 +1,12 @@
-"""The per-subscription rate limit, measured where it matters: at the receiver.
+"""The per-subscription rate limit: the starts it grants and the requests that follow them.
 
 Several "workers" (concurrent ``deliver_batch`` calls, as a fleet's processes would make) drain a
-backlog to a subscription limited to N deliveries per second; the receiver timestamps every
-arrival. The backlog flows at the rate (measured from the first arrival to the last), evenly (no
-gap much longer than the interval), and no one-second window holds more than N plus the small
-burst. Deliveries held back wait or are deferred, never failed: each ends with one attempt.
+backlog to a subscription limited to N deliveries per second. The limiter spaces *starts*, so the
+timing is asserted on the starts the bucket granted (exact, whatever the machine's load) and on
+the receiver only that nothing arrived before its start: the backlog flows at the rate, evenly
+(no gap much longer than the interval), and no one-second window holds more than N plus the
+small burst. Deliveries held back wait or are deferred, never failed: each ends with one attempt.
+Across real worker processes the starts are the ones the workers recorded in their attempts.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import anyio
 import httpx
 import pytest
 from sqlalchemy.engine import Engine
-from sqlmodel import Session, select
+from sqlmodel import Session, col, select
 
 from tests.workers.conftest import MakeSettings
 from tests.workers.endpoints import Receive, Scope, Send, respond
@@ -36,25 +38,50 @@ from tests.workers.support import (
     wait_all_succeeded,
 )
 from usp_receiver import JWKS
+from usp_workers.engine import ratelimit
 from usp_workers.engine.delivery import deliver_batch
 from usp_workers.engine.health import set_rate_limit
-from usp_workers.engine.ratelimit import burst_of
+from usp_workers.engine.ratelimit import Reservation, burst_of
 from usp_workers.runtime import tasks
 from usp_workers.storage.db import session
-from usp_workers.storage.models import Delivery, DeliveryStatus, RateBucket, utcnow
+from usp_workers.storage.models import Attempt, Delivery, DeliveryStatus, RateBucket, utcnow
 
 pytestmark = pytest.mark.anyio
 
 
 class Stopwatch:
-    """Answers 204 and records when each request arrived (monotonic seconds)."""
+    """Answers 204 and records when each request arrived (POSIX seconds, as the starts are)."""
 
     def __init__(self) -> None:
         self.arrivals: list[float] = []
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        self.arrivals.append(time.monotonic())
+        self.arrivals.append(time.time())
         await respond(send, 204)
+
+
+@pytest.fixture
+def granted(monkeypatch: pytest.MonkeyPatch) -> list[float]:
+    """The starts the rate limiter grants in this process (POSIX seconds), as they were granted."""
+    starts: list[float] = []
+    reserve = ratelimit.reserve
+
+    def recording(*args: object, **kwargs: object) -> Reservation:
+        reservation = reserve(*args, **kwargs)  # type: ignore[arg-type]
+        if reservation.granted:
+            starts.append(reservation.at.timestamp())
+        return reservation
+
+    monkeypatch.setattr(ratelimit, "reserve", recording)
+    return starts
+
+
+def none_before_its_start(arrivals: list[float], starts: list[float]) -> bool:
+    """Every request arrived at or after its start: the k-th arrival is no earlier than the
+    k-th start (each arrival follows its own start, so the sorted lists compare element-wise)."""
+    return len(arrivals) == len(starts) and all(
+        a >= s - 0.005 for a, s in zip(sorted(arrivals), sorted(starts), strict=True)
+    )
 
 
 def busiest_second(arrivals: list[float]) -> int:
@@ -74,12 +101,12 @@ def longest_gap(arrivals: list[float]) -> float:
     return max(b - a for a, b in itertools.pairwise(times))
 
 
-def show(capsys: pytest.CaptureFixture[str], where: str, limit: int, arrivals: list[float]) -> None:
+def show(capsys: pytest.CaptureFixture[str], where: str, limit: int, starts: list[float]) -> None:
     with capsys.disabled():
         print(
-            f"\n[rate limit] {where}: {limit}/s configured, {measured_rate(arrivals):.2f}/s measured over"
-            f" {len(arrivals)} deliveries, busiest second {busiest_second(arrivals)},"
-            f" longest gap {longest_gap(arrivals) * 1000:.0f} ms"
+            f"\n[rate limit] {where}: {limit}/s configured, {measured_rate(starts):.2f}/s started over"
+            f" {len(starts)} deliveries, busiest second {busiest_second(starts)},"
+            f" longest gap {longest_gap(starts) * 1000:.0f} ms"
         )
 
 
@@ -91,6 +118,7 @@ async def test_a_backlog_flows_at_the_configured_rate_evenly(
     endpoints: Endpoints,
     client: httpx.AsyncClient,
     capsys: pytest.CaptureFixture[str],
+    granted: list[float],
     limit: int,
 ) -> None:
     settings = make_settings()
@@ -104,10 +132,15 @@ async def test_a_backlog_flows_at_the_configured_rate_evenly(
 
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
-        pending = [i for i in ids if delivery(database, i).status == DeliveryStatus.PENDING]
+        with Session(database) as s:
+            pending = s.exec(
+                select(Delivery.id, Delivery.next_attempt_at).where(
+                    col(Delivery.id).in_(ids), Delivery.status == DeliveryStatus.PENDING
+                )
+            ).all()
         if not pending:
             break
-        due = [i for i in pending if delivery(database, i).next_attempt_at <= utcnow()]
+        due = [i for i, at in pending if at <= utcnow()]
         # Three workers at once, each handed every due delivery (the claim splits them).
         async with anyio.create_task_group() as group:
             for _ in range(3):
@@ -115,10 +148,11 @@ async def test_a_backlog_flows_at_the_configured_rate_evenly(
         await anyio.sleep(0.05)
 
     assert len(stopwatch.arrivals) == len(ids)
-    show(capsys, "3 concurrent workers", limit, stopwatch.arrivals)
-    assert 0.9 * limit <= measured_rate(stopwatch.arrivals) <= 1.1 * limit
-    assert busiest_second(stopwatch.arrivals) <= limit + burst_of(limit)
-    assert longest_gap(stopwatch.arrivals) < 2.5 / limit, "evenly spaced, not in bursts"
+    assert none_before_its_start(stopwatch.arrivals, granted)
+    show(capsys, "3 concurrent workers", limit, granted)
+    assert 0.9 * limit <= measured_rate(granted) <= 1.1 * limit
+    assert busiest_second(granted) <= limit + burst_of(limit)
+    assert longest_gap(granted) < 2.5 / limit, "evenly spaced, not in bursts"
     for delivery_id in ids:
         row = delivery(database, delivery_id)
         assert row.status == DeliveryStatus.SUCCEEDED
@@ -132,6 +166,7 @@ async def test_a_start_too_far_away_is_deferred_to_the_buckets_next_start(
     jwks: JWKS,
     endpoints: Endpoints,
     client: httpx.AsyncClient,
+    granted: list[float],
 ) -> None:
     """At 1/s, a batch of four sends three (now, +1 s, +2 s: waited for in the worker, within
     RATE_WAIT) and defers the fourth to +3 s, the bucket's next start."""
@@ -147,8 +182,8 @@ async def test_a_start_too_far_away_is_deferred_to_the_buckets_next_start(
 
     assert report.succeeded == 3
     assert report.paused == 1
-    assert len(stopwatch.arrivals) == 3
-    assert [round(b - a, 1) for a, b in itertools.pairwise(sorted(stopwatch.arrivals))] == [1.0, 1.0]
+    assert [round(b - a, 3) for a, b in itertools.pairwise(sorted(granted))] == [1.0, 1.0]
+    assert none_before_its_start(stopwatch.arrivals, granted)
     [held] = [i for i in ids if delivery(database, i).status == DeliveryStatus.PENDING]
     row = delivery(database, held)
     assert row.attempt_count == 0
@@ -195,9 +230,11 @@ def test_the_limit_holds_across_real_worker_processes(
     emit_events(pipeline.engine, count, per_transaction=count)  # one burst, handed off at once
 
     wait_all_succeeded(pipeline.engine, count, 60, *(w.output for w in workers), relay.output)
-    assert len(stopwatch.arrivals) == count
-    show(capsys, "2 worker processes", limit, stopwatch.arrivals)
-    assert measured_rate(stopwatch.arrivals) >= 0.85 * limit
-    assert busiest_second(stopwatch.arrivals) <= limit + burst_of(limit)
     with Session(pipeline.engine) as s:
         assert {row.attempt_count for row in s.exec(select(Delivery))} == {1}
+        starts = [row.started_at.timestamp() for row in s.exec(select(Attempt))]
+    assert none_before_its_start(stopwatch.arrivals, starts)
+    show(capsys, "2 worker processes", limit, starts)
+    assert measured_rate(starts) >= 0.85 * limit
+    # Recorded by the worker as its request went out, a few milliseconds after the granted start.
+    assert busiest_second(starts) <= limit + burst_of(limit)
