@@ -8,6 +8,7 @@ in-memory exporter.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from datetime import date, timedelta
 
@@ -41,6 +42,17 @@ def spans() -> Iterator[InMemorySpanExporter]:
     yield EXPORTER
     tracing.disable()
     EXPORTER.clear()
+
+
+def finished(spans: InMemorySpanExporter, *names: str, within: float = 10.0) -> list[ReadableSpan]:
+    """The finished spans once those named are among them: the receiver's server span ends
+    after its response went out, so it may finish just after the worker read that response."""
+    deadline = time.monotonic() + within
+    while True:
+        done = list(spans.get_finished_spans())
+        if set(names) <= {s.name for s in done} or time.monotonic() > deadline:
+            return done
+        time.sleep(0.01)
 
 
 def ancestors(span: ReadableSpan, by_id: dict[int, ReadableSpan]) -> list[str]:
@@ -86,13 +98,13 @@ def test_one_booking_is_one_connected_trace_from_the_rest_call_to_the_verified_r
     assert report.claimed == 1
     assert handled == [event.id], "the traceparent header did not break the signature"
 
-    finished = spans.get_finished_spans()
-    by_name = {s.name: s for s in finished}
-    by_id = {s.context.span_id: s for s in finished}
+    ended = finished(spans, "POST /hooks", "usp.receive")
+    by_name = {s.name: s for s in ended}
+    by_id = {s.context.span_id: s for s in ended}
     server = by_name["POST /services/bookings"]
     # The booking emits booking.created and catalog.availability.changed: two emit spans.
     [emit] = [
-        s for s in finished if s.name == "usp.emit" and (s.attributes or {}).get("usp.event_id") == event.id
+        s for s in ended if s.name == "usp.emit" and (s.attributes or {}).get("usp.event_id") == event.id
     ]
     handoff, claim = by_name["usp.handoff"], by_name["usp.claim"]
     attempt, receipt = by_name["usp.attempt"], by_name["usp.receive"]
