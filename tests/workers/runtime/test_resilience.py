@@ -248,13 +248,10 @@ def test_a_worker_killed_mid_run_loses_nothing(
     emitter = threading.Thread(target=emit_all)
     emitter.start()
     wait_for_status(pipeline.engine, DeliveryStatus.SUCCEEDED, 500, 60, first.diagnose, second.diagnose)
-    # Kill while many deliveries are in flight (a worker holds up to 32 batches of 20), so that
-    # the killed worker almost surely holds some: the relay must reclaim them below.
-    deadline = time.monotonic() + 30
-    while held_by_first(pipeline.engine) < 20:
-        assert time.monotonic() < deadline, first.diagnose()
-        time.sleep(0.01)
-    first.kill()
+    # Kill while many deliveries are in flight (a worker holds up to 32 batches of 20), stopped
+    # while it is looked at, so that what it was seen holding it still holds when it dies: the
+    # relay must reclaim them below.
+    first.kill_while(lambda: held_by_first(pipeline.engine) >= 20, timeout=30)
     in_flight = held_by_first(pipeline.engine)
     at_kill = status_counts(pipeline.engine)
     done_at_kill = at_kill.get(DeliveryStatus.SUCCEEDED.value, 0)
