@@ -15,7 +15,7 @@ from pathlib import Path
 from pydantic_settings import BaseSettings
 
 from usp_dispatcher.ucap.settings import UcapSettings
-from usp_workers.settings import Settings
+from usp_workers.settings import ApiSettings, CommonSettings, SchedulerSettings, WorkerSettings
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGE = ROOT / "docs" / "architecture.md"
@@ -27,7 +27,15 @@ PACKAGES = (
     ("dispatcher", "usp_dispatcher"),
 )
 BEGIN, END = "<!-- module map: begin -->", "<!-- module map: end -->"
-SETTINGS_TABLES: dict[str, type[BaseSettings]] = {"settings": Settings, "content settings": UcapSettings}
+#: The README's settings tables: one per process kind (each with the fields it adds to the ones
+#: it builds on), and the content server's.
+SETTINGS_TABLES: dict[str, type[BaseSettings]] = {
+    "settings of every process": CommonSettings,
+    "api settings": ApiSettings,
+    "worker settings": WorkerSettings,
+    "scheduler settings": SchedulerSettings,
+    "content settings": UcapSettings,
+}
 
 
 def summary(path: Path) -> str:
@@ -58,9 +66,15 @@ def module_map() -> str:
 
 
 def settings_table(settings: type[BaseSettings]) -> str:
-    """Every field of ``settings`` as ``| USP_NAME | default | description |``."""
+    """The fields ``settings`` adds to its bases as ``| USP_NAME | default | description |``."""
+    bases = [
+        base for base in settings.__bases__ if issubclass(base, BaseSettings) and base is not BaseSettings
+    ]
+    inherited = {name for base in bases for name in base.model_fields}
     rows = ["| variable | default | what it does |", "|---|---|---|"]
     for name, field in settings.model_fields.items():
+        if name in inherited:
+            continue
         default = _spelled(field.default)
         cells = (f"`USP_{name.upper()}`", f"`{default}`" if default else "", field.description or "")
         rows.append("|" + "|".join(f" {cell} " if cell else " " for cell in cells) + "|")

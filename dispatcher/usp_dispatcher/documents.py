@@ -12,7 +12,7 @@ import anyio
 import httpx
 
 from usp_workers.engine.ssrf import ResolvedTarget, new_client, send_pinned
-from usp_workers.settings import Settings
+from usp_workers.settings import CommonSettings
 
 __all__ = ["DocumentUnavailable", "Failure", "fetch_document"]
 
@@ -32,7 +32,7 @@ class DocumentUnavailable(Exception):
 
 
 async def fetch_document(
-    target: ResolvedTarget, settings: Settings, *, accept: str, max_bytes: int, seconds: float
+    target: ResolvedTarget, settings: CommonSettings, *, accept: str, max_bytes: int, seconds: float
 ) -> bytes:
     """GET ``target``'s checked address and return the body of its 200 answer.
 

@@ -1,4 +1,5 @@
-"""One typed settings object, read from ``USP_*`` environment variables (and a ``.env`` file).
+"""One typed settings object per process kind, read from ``USP_*`` environment variables (and a
+``.env`` file): what every process reads, and what the API, a worker and the scheduler add.
 
 With no settings at all the whole service runs on one machine: SQLite in the working folder and
 an embedded broker that is itself a SQLite file, so the README's first command needs no Redis.
@@ -15,16 +16,24 @@ from typing import Annotated, Literal
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-__all__ = ["DEFAULT_RETRY_SCHEDULE", "Settings"]
+__all__ = [
+    "DEFAULT_RETRY_SCHEDULE",
+    "ApiSettings",
+    "CommonSettings",
+    "SchedulerSettings",
+    "Settings",
+    "WorkerSettings",
+]
 
 #: Seconds to wait after each failed try (SPEC-NOTES): 5 s, 5 min, 30 min, 2 h, 5 h, 10 h, 10 h.
 DEFAULT_RETRY_SCHEDULE: tuple[float, ...] = (5, 300, 1800, 7200, 18000, 36000, 36000)
 
 
-class Settings(BaseSettings):
-    """Everything configurable, with safe defaults. Each field is ``USP_<NAME>`` in the environment.
+class CommonSettings(BaseSettings):
+    """What every process reads: where the data, the broker and the signing keys are, which
+    targets may be called, and how work is cut into tasks. Each field is ``USP_<NAME>``.
 
-    >>> Settings(database_url="sqlite:///demo.sqlite3").broker_url_resolved.startswith("sqla+sqlite")
+    >>> CommonSettings(database_url="sqlite:///demo.sqlite3").broker_url_resolved.startswith("sqla+sqlite")
     True
     """
 
@@ -40,65 +49,14 @@ class Settings(BaseSettings):
         description="Celery broker: redis://host:6379/0 or amqp://... Unset: the embedded broker, a "
         "SQLite file beside the database (kombu's SQLAlchemy transport).",
     )
-    connect_timeout: float = Field(default=5.0, gt=0, description="seconds to connect to a webhook target")
-    total_timeout: float = Field(default=15.0, gt=0, description="seconds for a whole delivery attempt")
-    retry_schedule: Annotated[tuple[float, ...], NoDecode] = Field(
-        default=DEFAULT_RETRY_SCHEDULE,
-        description="seconds to wait after each failed try, comma-separated; then the delivery is dead",
-    )
-    retry_jitter: float = Field(default=0.2, ge=0, lt=1, description="± fraction applied to each wait")
-    allow_private_targets: bool = Field(
-        default=False,
-        description="let subscriptions target loopback and private addresses (development only); cloud"
-        " metadata and link-local targets stay refused",
-    )
-    private_target_allowlist: Annotated[tuple[str, ...], NoDecode] = Field(
-        default=(),
-        description="CIDRs that are allowed even though they are not global, comma-separated",
-    )
-    admin_token: SecretStr | None = Field(
-        default=None, description="bearer token for admin endpoints; unset: admin endpoints refuse everyone"
+    log_format: Literal["text", "json"] = Field(
+        default="text",
+        description="`text`, or `json`: one JSON object per line with `event_id`, `delivery_id`, "
+        "`subscription_id`, `correlation_id` (api, worker, scheduler)",
     )
     key_store_path: Path | None = Field(
         default=None,
         description="folder for signing keys; unset: keys live in the database's signing-key table",
-    )
-    public_base_url: str = Field(
-        default="http://127.0.0.1:8000", description="the URL this service is reached at (for discovery)"
-    )
-    seed_demo_catalog: bool = Field(
-        default=True,
-        description="on first start (an empty catalog), add the demo services so there is something to book",
-    )
-    lease_seconds: float = Field(
-        default=60.0, gt=0, description="an in-flight delivery whose worker vanished is retried after this"
-    )
-    requeue_after_seconds: float = Field(
-        default=30.0,
-        gt=0,
-        description="a due delivery handed to the broker but not picked up is re-sent after this",
-    )
-    relay_interval_seconds: float = Field(
-        default=1.0, gt=0, description="how often the scheduler looks for due work"
-    )
-    job_stale_after_seconds: float = Field(
-        default=120.0,
-        gt=0,
-        description="a running recover/redrive job that made no progress for this long (its worker died) "
-        "is sent to the workers again by the scheduler",
-    )
-    batch_size: int = Field(default=50, ge=1, le=1000, description="deliveries per worker task")
-    handoff_interval_seconds: float = Field(
-        default=0.03,
-        ge=0,
-        description="while messages wait in the broker that no worker has taken (the workers are behind), a "
-        "commit's deliveries wait up to this long to go with the commits made meanwhile (fuller "
-        "tasks cost less CPU; a full batch never waits); otherwise they go at once; a process "
-        "that dies meanwhile loses nothing (the relay re-sends after "
-        "`USP_REQUEUE_AFTER_SECONDS`); 0: every commit publishes on the committing thread",
-    )
-    per_endpoint_concurrency: int = Field(
-        default=8, ge=1, description="concurrent requests to one endpoint per worker"
     )
     key_publish_lead_seconds: float = Field(
         default=300.0,
@@ -110,6 +68,66 @@ class Settings(BaseSettings):
         ge=0,
         description="after a new key starts signing, the old one also signs for this long",
     )
+    connect_timeout: float = Field(default=5.0, gt=0, description="seconds to connect to a webhook target")
+    total_timeout: float = Field(default=15.0, gt=0, description="seconds for a whole delivery attempt")
+    allow_private_targets: bool = Field(
+        default=False,
+        description="let subscriptions target loopback and private addresses (development only); cloud"
+        " metadata and link-local targets stay refused",
+    )
+    private_target_allowlist: Annotated[tuple[str, ...], NoDecode] = Field(
+        default=(),
+        description="CIDRs that are allowed even though they are not global, comma-separated",
+    )
+    batch_size: int = Field(default=50, ge=1, le=1000, description="deliveries per worker task")
+    handoff_interval_seconds: float = Field(
+        default=0.03,
+        ge=0,
+        description="while messages wait in the broker that no worker has taken (the workers are behind), a "
+        "commit's deliveries wait up to this long to go with the commits made meanwhile (fuller "
+        "tasks cost less CPU; a full batch never waits); otherwise they go at once; a process "
+        "that dies meanwhile loses nothing (the relay re-sends after "
+        "`USP_REQUEUE_AFTER_SECONDS`); 0: every commit publishes on the committing thread",
+    )
+    lease_seconds: float = Field(
+        default=60.0, gt=0, description="an in-flight delivery whose worker vanished is retried after this"
+    )
+    per_endpoint_concurrency: int = Field(
+        default=8, ge=1, description="concurrent requests to one endpoint per worker"
+    )
+
+    @field_validator("private_target_allowlist", mode="before")
+    @classmethod
+    def _split_networks(cls, value: object) -> object:
+        return _split_commas(value)
+
+    @field_validator("private_target_allowlist")
+    @classmethod
+    def _valid_networks(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for network in value:
+            ipaddress.ip_network(network, strict=False)
+        return value
+
+    @cached_property
+    def broker_url_resolved(self) -> str:
+        """The broker URL Celery gets: the configured one, or the embedded SQLite broker."""
+        if self.broker_url:
+            return self.broker_url
+        return "sqla+sqlite:///" + str(_embedded_broker_path(self.database_url))
+
+    @property
+    def uses_embedded_broker(self) -> bool:
+        return self.broker_url_resolved.startswith("sqla+")
+
+
+class WorkerSettings(CommonSettings):
+    """A worker's: how deliveries are retried and when a failing subscription is paused."""
+
+    retry_schedule: Annotated[tuple[float, ...], NoDecode] = Field(
+        default=DEFAULT_RETRY_SCHEDULE,
+        description="seconds to wait after each failed try, comma-separated; then the delivery is dead",
+    )
+    retry_jitter: float = Field(default=0.2, ge=0, lt=1, description="± fraction applied to each wait")
     health_write_interval_seconds: float = Field(
         default=5.0,
         ge=0,
@@ -136,11 +154,51 @@ class Settings(BaseSettings):
     breaker_max_cooldown_seconds: float = Field(
         default=3600.0, gt=0, description="the longest pause an open breaker grows to"
     )
+
+    @field_validator("retry_schedule", mode="before")
+    @classmethod
+    def _split_schedule(cls, value: object) -> object:
+        return _split_commas(value)
+
+
+class SchedulerSettings(WorkerSettings):
+    """The scheduler's: how often it looks for due, lost and stale work, and what it prunes. It
+    reads the workers' settings too: it disables subscriptions by their health policy."""
+
+    relay_interval_seconds: float = Field(
+        default=1.0, gt=0, description="how often the scheduler looks for due work"
+    )
+    requeue_after_seconds: float = Field(
+        default=30.0,
+        gt=0,
+        description="a due delivery handed to the broker but not picked up is re-sent after this",
+    )
+    job_stale_after_seconds: float = Field(
+        default=120.0,
+        gt=0,
+        description="a running recover/redrive job that made no progress for this long (its worker died) "
+        "is sent to the workers again by the scheduler",
+    )
     retention_days: float = Field(
         default=30.0,
         ge=0,
         description="events (with their deliveries) and attempts older than this are pruned by the "
         "scheduler; 0 keeps everything",
+    )
+
+
+class ApiSettings(CommonSettings):
+    """The API's (REST, MCP, console): who may call it and how it presents itself."""
+
+    admin_token: SecretStr | None = Field(
+        default=None, description="bearer token for admin endpoints; unset: admin endpoints refuse everyone"
+    )
+    public_base_url: str = Field(
+        default="http://127.0.0.1:8000", description="the URL this service is reached at (for discovery)"
+    )
+    seed_demo_catalog: bool = Field(
+        default=True,
+        description="on first start (an empty catalog), add the demo services so there is something to book",
     )
     metrics_public: bool = Field(
         default=False,
@@ -152,12 +210,6 @@ class Settings(BaseSettings):
         description="the attempt latency histogram on `/metrics` covers the attempts of this many last "
         "seconds",
     )
-    log_format: Literal["text", "json"] = Field(
-        default="text",
-        description="`text`, or `json`: one JSON object per line with `event_id`, `delivery_id`, "
-        "`subscription_id`, `correlation_id` (api, worker, scheduler)",
-    )
-
     require_authentication: bool = Field(
         default=True,
         description="privileged MCP tools refuse callers that did not authenticate (false: anonymous "
@@ -180,30 +232,25 @@ class Settings(BaseSettings):
         "freed (an open notification stream counts as a request); its client opens a new one",
     )
 
-    @field_validator("retry_schedule", "private_target_allowlist", "auth_mechanisms", mode="before")
+    @field_validator("auth_mechanisms", mode="before")
     @classmethod
-    def _split_commas(cls, value: object) -> object:
-        if isinstance(value, str):
-            return tuple(part.strip() for part in value.split(",") if part.strip())
-        return value
+    def _split_mechanisms(cls, value: object) -> object:
+        return _split_commas(value)
 
-    @field_validator("private_target_allowlist")
-    @classmethod
-    def _valid_networks(cls, value: tuple[str, ...]) -> tuple[str, ...]:
-        for network in value:
-            ipaddress.ip_network(network, strict=False)
-        return value
 
-    @cached_property
-    def broker_url_resolved(self) -> str:
-        """The broker URL Celery gets: the configured one, or the embedded SQLite broker."""
-        if self.broker_url:
-            return self.broker_url
-        return "sqla+sqlite:///" + str(_embedded_broker_path(self.database_url))
+class Settings(ApiSettings, SchedulerSettings):
+    """Every setting: for ``usp-webhooks up``, which runs the API, a worker and the scheduler in
+    one process tree, and for the command line.
 
-    @property
-    def uses_embedded_broker(self) -> bool:
-        return self.broker_url_resolved.startswith("sqla+")
+    >>> Settings(retry_schedule="5,60", auth_mechanisms="bearer").retry_schedule
+    (5.0, 60.0)
+    """
+
+
+def _split_commas(value: object) -> object:
+    if isinstance(value, str):
+        return tuple(part.strip() for part in value.split(",") if part.strip())
+    return value
 
 
 def _embedded_broker_path(database_url: str) -> Path:

@@ -18,7 +18,7 @@ from usp_dispatcher.access.bindings import MAX_PROFILE_LENGTH, bind_profile
 from usp_dispatcher.access.errors import AccessError, unauthenticated
 from usp_dispatcher.access.identity import BUSINESS, Identity
 from usp_dispatcher.domain.tables import ApiKeyRow
-from usp_workers.settings import Settings
+from usp_workers.settings import ApiSettings
 from usp_workers.storage.models import utcnow
 
 __all__ = [
@@ -120,7 +120,7 @@ def hash_api_key(token: str) -> str:
 
 
 def authenticate_bearer(
-    session: Session, settings: Settings, token: str, *, keys_offered: bool = True
+    session: Session, settings: ApiSettings, token: str, *, keys_offered: bool = True
 ) -> Identity:
     """The identity a bearer token proves: the business (admin token) or ``key:<name>``.
 

@@ -30,7 +30,7 @@ from usp_dispatcher.access.policy import AuthorizationPolicy
 from usp_dispatcher.access.signatures import DirectoryCache, NonceCheck, verify_agent_signature
 from usp_dispatcher.domain import booking_platform, waitlist_entry_platform
 from usp_workers.engine.ssrf import Resolver
-from usp_workers.settings import Settings
+from usp_workers.settings import ApiSettings
 from usp_workers.storage import db
 
 __all__ = ["authenticate_http", "authorize", "may_touch_booking", "may_touch_waitlist_entry"]
@@ -46,7 +46,7 @@ async def authenticate_http(
     body: bytes,
     *,
     engine: Engine,
-    settings: Settings,
+    settings: ApiSettings,
     resolver: Resolver | None = None,
     directories: DirectoryCache | None = None,
     nonces: NonceCheck | None = None,
@@ -91,7 +91,7 @@ async def authenticate_http(
 
 def authorize(
     session: Session,
-    settings: Settings,
+    settings: ApiSettings,
     *,
     tool: str,
     access: Access,
@@ -202,14 +202,14 @@ class _Scoped:
     ignored: str | None = None
 
 
-def _bearer(engine: Engine, settings: Settings, token: str, keys_offered: bool) -> Identity:
+def _bearer(engine: Engine, settings: ApiSettings, token: str, keys_offered: bool) -> Identity:
     with db.session(engine) as session:
         return authenticate_bearer(session, settings, token, keys_offered=keys_offered)
 
 
 def _scoped_credential(
     session: Session,
-    settings: Settings,
+    settings: ApiSettings,
     policy: AuthorizationPolicy,
     presented: _Presented,
     params: Mapping[str, Any],

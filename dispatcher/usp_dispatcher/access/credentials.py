@@ -21,7 +21,7 @@ from usp_receiver import JWKS, PublicKey, SigningKey, jwk_thumbprint
 from usp_receiver.jose import JWSError, b64url, parse_jws, peek_header, sign_jws
 from usp_workers.engine.keycache import current_signing_keys
 from usp_workers.engine.keys import published_jwks
-from usp_workers.settings import Settings
+from usp_workers.settings import ApiSettings
 from usp_workers.storage.models import utcnow
 
 __all__ = [
@@ -65,7 +65,7 @@ class BookingCredential:
 
 def issue_booking_credential(
     session: Session,
-    settings: Settings,
+    settings: ApiSettings,
     *,
     booking_id: str,
     profile: str | None,
@@ -117,7 +117,7 @@ def looks_like_booking_credential(token: object) -> bool:
 
 
 def verify_booking_credential(
-    session: Session, settings: Settings, token: str, *, now: datetime | None = None
+    session: Session, settings: ApiSettings, token: str, *, now: datetime | None = None
 ) -> BookingCredential:
     """Check signature (against the published keys), issuer and lifetime; ``AccessError``
     (-32001) when any fails. ``cnf`` is returned, not judged: see :func:`proof_holds`."""

@@ -11,7 +11,7 @@ from typing import Any, Final, Literal
 from usp_dispatcher.access.credentials import CREDENTIAL_TYP, POP_TYP, PROOF_WINDOW_SECONDS, SCOPED_TOOLS
 from usp_dispatcher.access.signatures import BASE_COMPONENTS, DIRECTORY_PATH, WEB_BOT_AUTH_TAG
 from usp_receiver import DEFAULT_ALGORITHMS
-from usp_workers.settings import Settings
+from usp_workers.settings import ApiSettings
 
 __all__ = ["MECHANISMS", "AuthorizationPolicy", "Mechanism", "policy_document"]
 
@@ -34,7 +34,7 @@ class AuthorizationPolicy:
     require_authentication: bool = True
 
     @classmethod
-    def from_settings(cls, settings: Settings) -> AuthorizationPolicy:
+    def from_settings(cls, settings: ApiSettings) -> AuthorizationPolicy:
         offered = tuple(m for m in MECHANISMS if m in settings.auth_mechanisms)
         return cls(mechanisms=offered, require_authentication=settings.require_authentication)
 
@@ -42,7 +42,7 @@ class AuthorizationPolicy:
         return mechanism in self.mechanisms
 
 
-def policy_document(settings: Settings) -> dict[str, Any]:
+def policy_document(settings: ApiSettings) -> dict[str, Any]:
     """The ``authorization`` object of ``/.well-known/usp``: offered mechanisms and, for each,
     what a platform needs to use it."""
     policy = AuthorizationPolicy.from_settings(settings)

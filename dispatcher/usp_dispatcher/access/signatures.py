@@ -33,7 +33,7 @@ from usp_receiver import (
     sign_request,
 )
 from usp_workers.engine.ssrf import Resolver, TargetRefused, check_target
-from usp_workers.settings import Settings
+from usp_workers.settings import ApiSettings
 
 __all__ = [
     "BASE_COMPONENTS",
@@ -140,7 +140,7 @@ async def verify_agent_signature(
     headers: Mapping[str, str],
     body: bytes,
     *,
-    settings: Settings,
+    settings: ApiSettings,
     resolver: Resolver | None = None,
     directories: DirectoryCache | None = None,
     nonces: NonceCheck | None = None,
@@ -320,7 +320,7 @@ class DirectoryCache:
     async def keys(
         self,
         agent: SignatureAgent,
-        settings: Settings,
+        settings: ApiSettings,
         *,
         resolver: Resolver | None = None,
         refresh: bool = False,
@@ -361,7 +361,7 @@ class _DirectoryUnavailable(Exception):
     """The directory could not be fetched or read; the message is safe to show."""
 
 
-async def _fetch_directory(url: str, settings: Settings, resolver: Resolver | None) -> JWKS:
+async def _fetch_directory(url: str, settings: ApiSettings, resolver: Resolver | None) -> JWKS:
     try:
         target = await check_target(url, settings, resolver=resolver)
     except TargetRefused as exc:

@@ -26,7 +26,7 @@ from usp_workers import operations
 from usp_workers.engine import keys
 from usp_workers.operations import DeadLetterFilter, EventFilter
 from usp_workers.runtime import tasks
-from usp_workers.settings import Settings
+from usp_workers.settings import ApiSettings
 from usp_workers.storage.models import (
     DeliveryStatus,
     OnDead,
@@ -536,7 +536,7 @@ async def rotate_key(
     return await run_in_threadpool(_rotate, session, settings, alg)
 
 
-def _rotate(session: Session, settings: Settings, alg: str) -> RotateOut:
+def _rotate(session: Session, settings: ApiSettings, alg: str) -> RotateOut:
     record, first = keys.rotate_or_first(session, settings, alg=alg)
     session.commit()
     retiring = None if first else record.signs_from + timedelta(seconds=settings.key_overlap_seconds)

@@ -30,7 +30,7 @@ from usp_workers.engine import keys, tracing
 from usp_workers.runtime import tasks
 from usp_workers.runtime.heap import freeze_startup_heap
 from usp_workers.runtime.logs import configure_logging
-from usp_workers.settings import Settings
+from usp_workers.settings import ApiSettings
 from usp_workers.storage import db
 
 __all__ = ["create_app"]
@@ -39,12 +39,12 @@ logger = logging.getLogger("usp_dispatcher")
 
 
 def create_app(
-    settings: Settings | None = None, *, engine: Engine | None = None, ucap: UcapSettings | None = None
+    settings: ApiSettings | None = None, *, engine: Engine | None = None, ucap: UcapSettings | None = None
 ) -> FastAPI:
     """The service as an ASGI app. ``settings`` (and the content server's ``ucap`` settings)
     default to the environment (``USP_*``); an ``engine`` passed in is used as is and left open
     at shutdown (the caller owns it)."""
-    resolved = settings if settings is not None else Settings()
+    resolved = settings if settings is not None else ApiSettings()
     ucap_settings = ucap if ucap is not None else UcapSettings()
 
     @asynccontextmanager
@@ -110,7 +110,7 @@ def create_app(
     return app
 
 
-def _prepare_database(engine: Engine, settings: Settings) -> None:
+def _prepare_database(engine: Engine, settings: ApiSettings) -> None:
     """Migrate to head, make sure a signing key exists, seed the demo catalog on first start
     (blocking: run off the event loop)."""
     database.upgrade(engine)

@@ -15,7 +15,7 @@ from usp_dispatcher.mcp.results import CAPABILITIES
 from usp_dispatcher.mcp.tools import TOOLS
 from usp_dispatcher.web.deps import SettingsDep
 from usp_schemas import EVENT_TYPES, USP_VERSION
-from usp_workers.settings import Settings
+from usp_workers.settings import ApiSettings
 
 __all__ = ["WEBHOOK_CAPABILITY", "business_profile", "router"]
 
@@ -33,7 +33,7 @@ def discovery(settings: SettingsDep) -> JSONResponse:
     return JSONResponse(business_profile(settings), headers={"Cache-Control": f"public, max-age={_MAX_AGE}"})
 
 
-def business_profile(settings: Settings) -> dict[str, Any]:
+def business_profile(settings: ApiSettings) -> dict[str, Any]:
     """The document ``/.well-known/usp`` serves."""
     base = settings.public_base_url.rstrip("/")
     capabilities = {name: [{"version": USP_VERSION}] for name in (*CAPABILITIES.values(), WEBHOOK_CAPABILITY)}

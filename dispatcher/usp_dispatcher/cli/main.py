@@ -20,6 +20,7 @@ from usp_dispatcher.cli.admin import register as register_operator_commands
 from usp_dispatcher.cli.config import load_settings, open_engine
 from usp_dispatcher.cli.content import register as register_content_commands
 from usp_dispatcher.cli.output import Json, print_json
+from usp_workers.settings import ApiSettings, SchedulerSettings, WorkerSettings
 
 __all__ = ["app", "keys_app", "main"]
 
@@ -110,7 +111,7 @@ def api(
 
     from usp_dispatcher.api.app import create_app
 
-    uvicorn.run(create_app(load_settings()), host=host, port=port)
+    uvicorn.run(create_app(ApiSettings()), host=host, port=port)
 
 
 @app.command()
@@ -122,7 +123,7 @@ def mcp() -> None:
     """
     from usp_dispatcher.mcp.stdio import run_stdio
 
-    run_stdio(load_settings())
+    run_stdio(ApiSettings())
 
 
 # ------------------------------------------------------------------------------------ delivery
@@ -137,7 +138,7 @@ def worker(
     """Run a delivery worker (Celery, threads pool) until SIGTERM or Ctrl-C."""
     from usp_workers.runtime.worker import run_worker
 
-    run_worker(load_settings(), concurrency=concurrency)
+    run_worker(WorkerSettings(), concurrency=concurrency)
 
 
 @app.command()
@@ -148,7 +149,7 @@ def scheduler() -> None:
     from usp_workers.runtime import tasks
     from usp_workers.runtime.relay import run_relay
 
-    settings = load_settings()
+    settings = SchedulerSettings()
     # Events of expired offers reach the broker at once, not at the relay's re-send.
     tasks.install_enqueuer(settings)
     try:

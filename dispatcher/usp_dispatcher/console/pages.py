@@ -33,7 +33,7 @@ from usp_workers import operations
 from usp_workers.engine import keys
 from usp_workers.operations import DeadLetterFilter, EventFilter, activity
 from usp_workers.runtime import metrics, tasks
-from usp_workers.settings import Settings
+from usp_workers.settings import ApiSettings
 from usp_workers.storage.models import DeliveryStatus, SubscriptionState
 
 __all__ = ["router"]
@@ -472,7 +472,7 @@ async def rotate_key(
     return redirect(f"/console/keys?rotated={kid}")
 
 
-def _rotate(db: SessionDep, settings: Settings, alg: str) -> str:
+def _rotate(db: SessionDep, settings: ApiSettings, alg: str) -> str:
     record, _ = keys.rotate_or_first(db, settings, alg=alg)
     kid = record.kid
     db.commit()

@@ -24,7 +24,7 @@ from usp_dispatcher.webhooks.samples import sample_event
 from usp_schemas import EVENT_TYPES
 from usp_workers import operations
 from usp_workers.engine.outbox import emit, event_matches
-from usp_workers.settings import Settings
+from usp_workers.settings import ApiSettings
 from usp_workers.storage.models import Subscription, Transport
 
 __all__ = ["LINK_SECONDS", "link", "router"]
@@ -36,7 +36,7 @@ SESSION_SECONDS: Final = 8 * 3600
 router = APIRouter(prefix="/portal", include_in_schema=False)
 
 
-def link(settings: Settings, platform: str, *, base_url: str) -> tuple[str, datetime]:
+def link(settings: ApiSettings, platform: str, *, base_url: str) -> tuple[str, datetime]:
     """A link into the portal as ``platform`` (a profile URI), valid for :data:`LINK_SECONDS`."""
     token = login.issue(admin_token(settings), purpose="portal-link", subject=platform)
     expires = datetime.now(UTC) + timedelta(seconds=LINK_SECONDS)

@@ -18,7 +18,7 @@ from usp_dispatcher.console import session as login
 from usp_dispatcher.console.session import Login
 from usp_dispatcher.web.deps import SettingsDep
 from usp_dispatcher.web.problems import HTTPProblem
-from usp_workers.settings import Settings
+from usp_workers.settings import ApiSettings
 from usp_workers.storage.models import DeliveryStatus
 
 __all__ = [
@@ -52,7 +52,7 @@ HEADERS: Final = {
 templates = Jinja2Templates(directory=_HERE / "templates")
 
 
-def admin_token(settings: Settings) -> str:
+def admin_token(settings: ApiSettings) -> str:
     """What every session and link is signed under ("" when none is set: nothing opens)."""
     return settings.admin_token.get_secret_value() if settings.admin_token is not None else ""
 
@@ -65,7 +65,7 @@ def session_dependencies(
     its CSRF token in the form and, when the browser says where it was posted from, this host
     (refusals are problems; ``without``: what to do when there is no session)."""
 
-    def current(request: Request, settings: Settings) -> Login | None:
+    def current(request: Request, settings: ApiSettings) -> Login | None:
         return login.read(
             request.cookies.get(cookie), admin_token(settings), purpose=purpose, lifetime=lifetime
         )

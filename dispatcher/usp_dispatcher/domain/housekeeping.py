@@ -16,7 +16,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 from usp_dispatcher.domain import expire_offers, forget_idempotency_keys
-from usp_workers.settings import Settings
+from usp_workers.settings import SchedulerSettings
 from usp_workers.storage import db
 from usp_workers.storage.models import utcnow
 
@@ -47,7 +47,7 @@ def housekeeping_once(engine: Engine, *, now: datetime | None = None) -> Houseke
 
 
 @contextmanager
-def housekeeping_thread(settings: Settings) -> Iterator[threading.Thread]:
+def housekeeping_thread(settings: SchedulerSettings) -> Iterator[threading.Thread]:
     """Run :func:`housekeeping_once` every ``relay_interval_seconds`` in a thread until the
     ``with`` block ends (the relay owns the main thread and its signal handlers)."""
     stop = threading.Event()
@@ -60,7 +60,7 @@ def housekeeping_thread(settings: Settings) -> Iterator[threading.Thread]:
         thread.join(timeout=30)
 
 
-def _loop(settings: Settings, stop: threading.Event) -> None:
+def _loop(settings: SchedulerSettings, stop: threading.Event) -> None:
     engine = db.make_engine(settings)
     try:
         while not stop.is_set():

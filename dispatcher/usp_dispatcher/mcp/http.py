@@ -42,7 +42,7 @@ from usp_dispatcher.mcp.event_store import DEFAULT_MAX_AGE, DEFAULT_MAX_EVENTS, 
 from usp_dispatcher.mcp.live import DEFAULT_POLL_INTERVAL, LiveHub
 from usp_dispatcher.mcp.protocol import INTERNAL_ERROR, error_object, parse_message
 from usp_dispatcher.mcp.server import build_server
-from usp_workers.settings import Settings
+from usp_workers.settings import ApiSettings
 
 __all__ = ["HTTP_SESSION_PREFIX", "MCP_PATH", "MCPEndpoint", "ServerFactory", "default_security", "mount_mcp"]
 
@@ -53,12 +53,12 @@ MCP_PATH: Final = "/mcp"
 HTTP_SESSION_PREFIX: Final = "http:"
 
 #: Builds the MCP server for the endpoint: ``(engine, settings, hub) -> Server``.
-ServerFactory = Callable[[Engine, Settings, LiveHub], Server[Any]]
+ServerFactory = Callable[[Engine, ApiSettings, LiveHub], Server[Any]]
 
 
 def mount_mcp(
     app: FastAPI,
-    settings: Settings,
+    settings: ApiSettings,
     *,
     path: str = MCP_PATH,
     server_factory: ServerFactory | None = None,
@@ -76,7 +76,7 @@ def mount_mcp(
     defaults to :func:`.server.build_server` (with the app's ``target_resolver``).
     """
 
-    def default_factory(engine: Engine, settings: Settings, hub: LiveHub) -> Server[Any]:
+    def default_factory(engine: Engine, settings: ApiSettings, hub: LiveHub) -> Server[Any]:
         return build_server(
             engine,
             settings,
@@ -101,11 +101,11 @@ def mount_mcp(
     return endpoint
 
 
-def default_security(settings: Settings) -> TransportSecuritySettings:
+def default_security(settings: ApiSettings) -> TransportSecuritySettings:
     """The SDK's DNS-rebinding checks for this deployment: loopback on any port, and the public
     URL's host.
 
-    >>> default_security(Settings(public_base_url="https://book.example")).allowed_hosts[-1]
+    >>> default_security(ApiSettings(public_base_url="https://book.example")).allowed_hosts[-1]
     'book.example'
     """
     hosts = ["127.0.0.1", "127.0.0.1:*", "localhost", "localhost:*", "[::1]", "[::1]:*"]
@@ -133,7 +133,7 @@ class MCPEndpoint:
     def __init__(
         self,
         app: FastAPI,
-        settings: Settings,
+        settings: ApiSettings,
         *,
         server_factory: ServerFactory,
         security: TransportSecuritySettings,

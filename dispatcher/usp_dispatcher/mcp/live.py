@@ -30,7 +30,7 @@ from usp_receiver import SigningKey, sign_notification_params
 from usp_schemas import WEBHOOK_METHOD
 from usp_workers.engine.keycache import NoSigningKey, current_signing_keys
 from usp_workers.engine.outbox import event_matches, reaches
-from usp_workers.settings import Settings
+from usp_workers.settings import ApiSettings
 from usp_workers.storage import db
 from usp_workers.storage.models import EventRecord, Subscription, SubscriptionState, utcnow
 
@@ -162,7 +162,7 @@ class LiveHub:
             self._drop(attachment)
 
     async def run(
-        self, engine: Engine, settings: Settings, *, poll_interval: float = DEFAULT_POLL_INTERVAL
+        self, engine: Engine, settings: ApiSettings, *, poll_interval: float = DEFAULT_POLL_INTERVAL
     ) -> None:
         """Tail ``engine``'s events and feed the attached sessions until cancelled (asyncio)."""
         loop = asyncio.get_running_loop()
@@ -197,7 +197,7 @@ class LiveHub:
 
     # -- the loop's steps ---------------------------------------------------------------------
 
-    async def _poll(self, engine: Engine, settings: Settings, tail: _Tail) -> None:
+    async def _poll(self, engine: Engine, settings: ApiSettings, tail: _Tail) -> None:
         attachments = list(self._attachments.values())
         floor = tail.floor(min(attachment.attached_at for attachment in attachments))
         profiles = {profile for attachment in attachments for profile in attachment.profiles}
@@ -315,7 +315,7 @@ class _Batch:
 
 
 def _read_batch(
-    engine: Engine, settings: Settings, floor: datetime, seen: dict[str, datetime], profiles: set[str]
+    engine: Engine, settings: ApiSettings, floor: datetime, seen: dict[str, datetime], profiles: set[str]
 ) -> _Batch:
     """The events at or after ``floor`` the hub has not handled, the attached profiles'
     subscriptions and the signing key (blocking: run in a thread; ``seen`` is only read)."""

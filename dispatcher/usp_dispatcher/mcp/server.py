@@ -38,7 +38,7 @@ from usp_dispatcher.ucap.tools import UCAP_TOOLS_BY_NAME
 from usp_dispatcher.ucap.tools import list_entries as ucap_tool_entries
 from usp_dispatcher.web.request_guard import NUL_REFUSED, contains_nul
 from usp_workers.engine.ssrf import Resolver
-from usp_workers.settings import Settings
+from usp_workers.settings import ApiSettings
 from usp_workers.storage import db
 
 __all__ = ["SERVER_NAME", "STDIO_SESSION", "build_server", "list_tools_result"]
@@ -66,7 +66,7 @@ _INSTRUCTIONS: Final = (
 
 def build_server(
     engine: Engine,
-    settings: Settings,
+    settings: ApiSettings,
     *,
     hub: LiveHub | None = None,
     resolver: Resolver | None = None,
@@ -169,7 +169,7 @@ def list_tools_result() -> types.ListToolsResult:
 
 async def _authorize(
     engine: Engine,
-    settings: Settings,
+    settings: ApiSettings,
     spec: ToolSpec,
     arguments: Mapping[str, Any],
     params: Mapping[str, Any],

@@ -26,7 +26,7 @@ from usp_dispatcher.mcp.protocol import parse_message, wire_error
 from usp_dispatcher.mcp.server import build_server
 from usp_workers.engine import keys
 from usp_workers.runtime import tasks
-from usp_workers.settings import Settings
+from usp_workers.settings import ApiSettings
 from usp_workers.storage import db
 
 __all__ = ["DRAIN_TIMEOUT", "run_stdio", "serve_stdio", "stdio_transport"]
@@ -35,7 +35,7 @@ __all__ = ["DRAIN_TIMEOUT", "run_stdio", "serve_stdio", "stdio_transport"]
 DRAIN_TIMEOUT: Final = 60.0
 
 
-def run_stdio(settings: Settings) -> None:
+def run_stdio(settings: ApiSettings) -> None:
     """Serve MCP on this process's stdin/stdout until stdin closes. Anything else printing to
     stdout would corrupt the wire, so ``print`` goes to stderr meanwhile."""
     stdin = anyio.wrap_file(TextIOWrapper(sys.stdin.buffer, encoding="utf-8", errors="replace"))
@@ -45,7 +45,7 @@ def run_stdio(settings: Settings) -> None:
 
 
 async def serve_stdio(
-    settings: Settings,
+    settings: ApiSettings,
     *,
     stdin: anyio.AsyncFile[str] | None = None,
     stdout: anyio.AsyncFile[str] | None = None,
@@ -137,7 +137,7 @@ async def stdio_transport(
             tg.cancel_scope.cancel()
 
 
-def _prepare_database(engine: Engine, settings: Settings) -> None:
+def _prepare_database(engine: Engine, settings: ApiSettings) -> None:
     """What the API does at start-up: migrate, ensure a signing key, seed a never-used catalog."""
     database.upgrade(engine)
     with db.session(engine) as session:

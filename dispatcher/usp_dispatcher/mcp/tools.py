@@ -28,7 +28,7 @@ from usp_dispatcher.webhooks import feed
 from usp_receiver import jwk_thumbprint
 from usp_schemas.generate import readable_schema
 from usp_workers.engine.ssrf import Resolver
-from usp_workers.settings import Settings
+from usp_workers.settings import ApiSettings
 from usp_workers.storage import db
 from usp_workers.storage.models import OnDead, Ordering, Subscription, Transport
 
@@ -75,7 +75,7 @@ class ToolCall:
     """One authorized call: who is calling and the binding's ``_meta.usp`` inputs."""
 
     engine: Engine
-    settings: Settings
+    settings: ApiSettings
     caller: Caller
     meta: UspMeta
     correlation_id: str | None

@@ -19,7 +19,7 @@ from usp_dispatcher.access.signatures import DirectoryCache, NonceCheck
 from usp_dispatcher.ucap.answers import UcapError, unauthorized
 from usp_dispatcher.ucap.tables import agent_id
 from usp_workers.engine.ssrf import Resolver
-from usp_workers.settings import Settings
+from usp_workers.settings import ApiSettings
 
 __all__ = ["Agent", "RateLimiter", "agent_of", "authenticate_agent"]
 
@@ -48,7 +48,7 @@ async def authenticate_agent(
     headers: Mapping[str, str],
     body: bytes,
     *,
-    settings: Settings,
+    settings: ApiSettings,
     nonces: NonceCheck,
     resolver: Resolver | None = None,
     directories: DirectoryCache | None = None,

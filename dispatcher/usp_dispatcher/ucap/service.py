@@ -51,7 +51,7 @@ from usp_dispatcher.ucap.subscriptions import (
     subscribe,
 )
 from usp_workers.engine.ssrf import Resolver
-from usp_workers.settings import Settings
+from usp_workers.settings import ApiSettings
 from usp_workers.storage import db
 from usp_workers.storage.models import utcnow
 
@@ -66,7 +66,7 @@ class UcapService:
     def __init__(
         self,
         engine: Engine,
-        settings: Settings,
+        settings: ApiSettings,
         ucap: UcapSettings,
         *,
         resolver: Callable[[], Resolver | None] = lambda: None,

@@ -1,5 +1,5 @@
 """The content server's own settings (``USP_*`` environment, like the engine's), kept apart from
-:class:`usp_workers.settings.Settings` because the delivery engine has no business knowing about
+:mod:`usp_workers.settings` because the delivery engine has no business knowing about
 payment providers."""
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ from sqlalchemy.engine import Engine
 from sqlmodel import Session
 
 from usp_workers.engine.ssrf import Resolver
-from usp_workers.settings import Settings
+from usp_workers.settings import ApiSettings
 from usp_workers.storage import db
 
 __all__ = [
@@ -28,8 +28,8 @@ __all__ = [
 ]
 
 
-async def get_settings(request: Request) -> Settings:
-    return cast(Settings, request.app.state.settings)
+async def get_settings(request: Request) -> ApiSettings:
+    return cast(ApiSettings, request.app.state.settings)
 
 
 async def get_engine(request: Request) -> Engine:
@@ -47,6 +47,6 @@ def get_session(engine: Annotated[Engine, Depends(get_engine)]) -> Iterator[Sess
         yield session
 
 
-SettingsDep = Annotated[Settings, Depends(get_settings)]
+SettingsDep = Annotated[ApiSettings, Depends(get_settings)]
 SessionDep = Annotated[Session, Depends(get_session)]
 ResolverDep = Annotated[Resolver | None, Depends(get_resolver)]

@@ -21,7 +21,7 @@ from usp_dispatcher.errors import NotFound, Refused
 from usp_schemas import EVENT_TYPES
 from usp_workers.engine.ssrf import ResolvedTarget, Resolver, TargetRefused, check_target
 from usp_workers.operations import DELETED
-from usp_workers.settings import Settings
+from usp_workers.settings import ApiSettings
 from usp_workers.storage import db
 from usp_workers.storage.models import OnDead, Ordering, Subscription, SubscriptionState, Transport, utcnow
 
@@ -122,7 +122,7 @@ def normalize_event_types(patterns: Iterable[str]) -> list[str]:
 
 
 async def check_url(
-    url: str, settings: Settings, *, resolver: Resolver | None = None, what: str = "webhook URL"
+    url: str, settings: ApiSettings, *, resolver: Resolver | None = None, what: str = "webhook URL"
 ) -> ResolvedTarget:
     """The SSRF check, with its refusal turned into a :class:`Refused` that names the reason."""
     try:
@@ -134,7 +134,7 @@ async def check_url(
 
 
 async def check_subscription(
-    spec: SubscriptionSpec, settings: Settings, *, resolver: Resolver | None = None
+    spec: SubscriptionSpec, settings: ApiSettings, *, resolver: Resolver | None = None
 ) -> CheckedSubscription:
     """``spec`` checked (patterns, then the URL's SSRF check); :class:`Refused` names what is wrong.
     Touches no database: the write is :func:`add_subscription` (or the profile upsert)."""
@@ -167,7 +167,7 @@ def add_subscription(session: Session, checked: CheckedSubscription) -> Subscrip
 
 
 async def upsert_profile_subscription(
-    session: Session, settings: Settings, spec: SubscriptionSpec, *, resolver: Resolver | None = None
+    session: Session, settings: ApiSettings, spec: SubscriptionSpec, *, resolver: Resolver | None = None
 ) -> tuple[Subscription, bool]:
     """Store the subscription a platform profile asks for: update the profile's active
     subscription to the same URL if there is one, else create it (committed). Returns it and

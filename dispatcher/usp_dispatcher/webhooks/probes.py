@@ -17,7 +17,7 @@ from usp_workers.engine.keycache import current_signing_keys
 from usp_workers.engine.ssrf import Resolver
 from usp_workers.engine.transport import make_client
 from usp_workers.operations import probe
-from usp_workers.settings import Settings
+from usp_workers.settings import ApiSettings
 from usp_workers.storage.models import ProbeRun, Transport
 
 __all__ = ["INTERVAL_SECONDS", "cases_of", "run"]
@@ -29,7 +29,7 @@ _last: dict[str, float] = {}
 
 async def run(
     session: Session,
-    settings: Settings,
+    settings: ApiSettings,
     url: str,
     transport: Transport,
     *,

@@ -15,7 +15,7 @@ from usp_dispatcher.documents import DocumentUnavailable, fetch_document
 from usp_dispatcher.errors import Refused
 from usp_dispatcher.webhooks.feed import SubscriptionSpec, check_url, upsert_profile_subscription
 from usp_workers.engine.ssrf import ResolvedTarget, Resolver
-from usp_workers.settings import Settings
+from usp_workers.settings import ApiSettings
 from usp_workers.storage.models import Subscription, Transport
 
 __all__ = [
@@ -42,7 +42,7 @@ class PlatformProfile:
 
 
 async def register_profile(
-    session: Session, settings: Settings, profile_uri: str, *, resolver: Resolver | None = None
+    session: Session, settings: ApiSettings, profile_uri: str, *, resolver: Resolver | None = None
 ) -> tuple[Subscription, bool]:
     """Fetch ``profile_uri`` and create (or update) its subscription. Returns it and whether it is new."""
     profile = await fetch_profile(profile_uri, settings, resolver=resolver)
@@ -55,7 +55,9 @@ async def register_profile(
     return await upsert_profile_subscription(session, settings, spec, resolver=resolver)
 
 
-async def fetch_profile(uri: str, settings: Settings, *, resolver: Resolver | None = None) -> PlatformProfile:
+async def fetch_profile(
+    uri: str, settings: ApiSettings, *, resolver: Resolver | None = None
+) -> PlatformProfile:
     """Fetch and read a profile document; :class:`Refused` (with a reason) for anything amiss."""
     scheme = uri.partition(":")[0].lower()
     if scheme != "https" and not (scheme == "http" and settings.allow_private_targets):
@@ -65,7 +67,7 @@ async def fetch_profile(uri: str, settings: Settings, *, resolver: Resolver | No
     return _read_profile(uri, body)
 
 
-async def _get_pinned(target: ResolvedTarget, settings: Settings) -> bytes:
+async def _get_pinned(target: ResolvedTarget, settings: ApiSettings) -> bytes:
     """The profile document at ``target`` (:func:`usp_dispatcher.documents.fetch_document`: the
     checked address only, no redirects, :data:`FETCH_TIMEOUT_SECONDS` in all, at most
     :data:`MAX_PROFILE_BYTES`), or :class:`Refused` saying why not."""

@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 import httpx
 
 from usp_workers.engine.transport import make_client
-from usp_workers.settings import Settings
+from usp_workers.settings import CommonSettings
 
 __all__ = ["BackgroundRuntime", "background_runtime", "close_background_runtime"]
 
@@ -28,7 +28,7 @@ _STOP_TIMEOUT = 10.0
 class BackgroundRuntime:
     """An event loop running in a daemon thread, and the ``AsyncClient`` that lives on it."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: CommonSettings) -> None:
         self.pid = os.getpid()
         self._closed = False
         self.loop = asyncio.new_event_loop()
@@ -70,7 +70,7 @@ class BackgroundRuntime:
         self.loop.run_forever()
 
 
-async def _build_client(settings: Settings) -> httpx.AsyncClient:
+async def _build_client(settings: CommonSettings) -> httpx.AsyncClient:
     return make_client(settings)  # built on the loop it will serve
 
 
@@ -80,7 +80,7 @@ _runtime: BackgroundRuntime | None = None
 _inherited: list[BackgroundRuntime] = []
 
 
-def background_runtime(settings: Settings) -> BackgroundRuntime:
+def background_runtime(settings: CommonSettings) -> BackgroundRuntime:
     """The process's runtime, created on first use (its client from the first caller's
     ``settings``: timeouts are set per request anyway)."""
     global _runtime

@@ -45,7 +45,7 @@ from usp_workers.engine.store import (
 )
 from usp_workers.engine.transport import TryResult, endpoint_slot, refused_result, send_once
 from usp_workers.engine.verdict import Verdict, judge
-from usp_workers.settings import Settings
+from usp_workers.settings import WorkerSettings
 from usp_workers.storage.models import (
     AttemptOutcome,
     BreakerState,
@@ -163,7 +163,7 @@ class BatchReport:
 
 async def deliver_batch(
     engine: Engine,
-    settings: Settings,
+    settings: WorkerSettings,
     delivery_ids: Sequence[str],
     *,
     client: httpx.AsyncClient,
@@ -201,7 +201,7 @@ async def deliver_batch(
 
 def deliver_batch_sync(
     engine: Engine,
-    settings: Settings,
+    settings: WorkerSettings,
     delivery_ids: Sequence[str],
     *,
     client: httpx.AsyncClient | None = None,
@@ -245,7 +245,7 @@ def deliver_batch_sync(
 
 def _open(
     engine: Engine,
-    settings: Settings,
+    settings: WorkerSettings,
     delivery_ids: Sequence[str],
     *,
     client: httpx.AsyncClient,
@@ -306,7 +306,7 @@ class _Batch:
     """The per-batch state: what to send with, and what happened (attempts, updates, results)."""
 
     engine: Engine
-    settings: Settings
+    settings: WorkerSettings
     client: httpx.AsyncClient
     keys: Sequence[SigningKey]
     now: Clock
@@ -768,7 +768,7 @@ class _Batch:
 
 
 async def _check_targets(
-    urls: Iterable[str], settings: Settings, resolver: Resolver | None
+    urls: Iterable[str], settings: WorkerSettings, resolver: Resolver | None
 ) -> dict[str, ResolvedTarget | Exception]:
     """Each distinct URL checked once, concurrently: a batch often holds many deliveries to one
     endpoint, and one DNS answer serves them all."""

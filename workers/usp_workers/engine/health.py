@@ -15,7 +15,7 @@ from enum import Enum
 import sqlalchemy as sa
 from sqlmodel import Session, SQLModel
 
-from usp_workers.settings import Settings
+from usp_workers.settings import WorkerSettings
 from usp_workers.storage.models import (
     BreakerState,
     Notice,
@@ -73,7 +73,7 @@ class HealthPolicy:
     max_cooldown: float = 3600.0
 
     @classmethod
-    def from_settings(cls, settings: Settings) -> HealthPolicy:
+    def from_settings(cls, settings: WorkerSettings) -> HealthPolicy:
         return cls(
             write_interval=settings.health_write_interval_seconds,
             disable_after=settings.auto_disable_after_seconds,

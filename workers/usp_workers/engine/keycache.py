@@ -16,7 +16,7 @@ from sqlmodel import col, select
 
 from usp_receiver import SigningKey
 from usp_workers.engine.keys import signing_keys
-from usp_workers.settings import Settings
+from usp_workers.settings import CommonSettings
 from usp_workers.storage.db import session
 from usp_workers.storage.models import SigningKeyRecord, utcnow
 
@@ -57,7 +57,7 @@ class SigningKeyCache:
         self._lock = threading.Lock()
 
     def get(
-        self, engine: Engine, settings: Settings, *, now: datetime | None = None
+        self, engine: Engine, settings: CommonSettings, *, now: datetime | None = None
     ) -> tuple[SigningKey, ...]:
         """The keys that sign at ``now``, newest first; :class:`NoSigningKey` when there are none."""
         moment = now or utcnow()
@@ -79,7 +79,7 @@ class SigningKeyCache:
         with self._lock:
             self._entries.clear()
 
-    def _load(self, engine: Engine, settings: Settings, moment: datetime) -> _Entry:
+    def _load(self, engine: Engine, settings: CommonSettings, moment: datetime) -> _Entry:
         with session(engine) as s:
             keys = tuple(signing_keys(s, settings, now=moment))
             boundaries = s.exec(
@@ -104,7 +104,7 @@ if hasattr(os, "register_at_fork"):
 
 
 def current_signing_keys(
-    engine: Engine, settings: Settings, *, now: datetime | None = None
+    engine: Engine, settings: CommonSettings, *, now: datetime | None = None
 ) -> tuple[SigningKey, ...]:
     """The process-wide :class:`SigningKeyCache`'s keys for ``engine`` at ``now``."""
     return _shared.get(engine, settings, now=now)

@@ -15,7 +15,7 @@ from typing import Literal
 from sqlmodel import Session, col, select
 
 from usp_receiver import SigningKey
-from usp_workers.settings import Settings
+from usp_workers.settings import CommonSettings
 from usp_workers.storage.models import SigningKeyRecord, utcnow
 
 __all__ = [
@@ -49,7 +49,9 @@ class KeyFacts:
     state: KeyState
 
 
-def ensure_signing_key(session: Session, settings: Settings, *, alg: str = "ed25519") -> SigningKeyRecord:
+def ensure_signing_key(
+    session: Session, settings: CommonSettings, *, alg: str = "ed25519"
+) -> SigningKeyRecord:
     """The newest key, generating the first one (signing at once) on a fresh database."""
     newest = session.exec(select(SigningKeyRecord).order_by(col(SigningKeyRecord.signs_from).desc())).first()
     if newest is not None:
@@ -58,7 +60,7 @@ def ensure_signing_key(session: Session, settings: Settings, *, alg: str = "ed25
 
 
 def rotate(
-    session: Session, settings: Settings, *, alg: str = "ed25519", now: datetime | None = None
+    session: Session, settings: CommonSettings, *, alg: str = "ed25519", now: datetime | None = None
 ) -> SigningKeyRecord:
     """Add a new key: published now, signing after the publish lead, the old ones retiring after
     the overlap. Returns the new key's record (commit the session to make it happen)."""
@@ -73,7 +75,7 @@ def rotate(
 
 
 def rotate_or_first(
-    session: Session, settings: Settings, *, alg: str = "ed25519", now: datetime | None = None
+    session: Session, settings: CommonSettings, *, alg: str = "ed25519", now: datetime | None = None
 ) -> tuple[SigningKeyRecord, bool]:
     """:func:`rotate`, except on a database without keys: there the new key is the first and signs
     at once (one waiting for the publish lead would leave nothing to sign with until then).
@@ -83,14 +85,18 @@ def rotate_or_first(
     return rotate(session, settings, alg=alg, now=now), False
 
 
-def describe_keys(session: Session, settings: Settings, *, now: datetime | None = None) -> list[KeyFacts]:
+def describe_keys(
+    session: Session, settings: CommonSettings, *, now: datetime | None = None
+) -> list[KeyFacts]:
     """Every key, oldest schedule first, with what it does at ``now``."""
     moment = now or utcnow()
     records = session.exec(select(SigningKeyRecord).order_by(col(SigningKeyRecord.signs_from))).all()
     return [describe_key(record, settings, now=moment) for record in records]
 
 
-def describe_key(record: SigningKeyRecord, settings: Settings, *, now: datetime | None = None) -> KeyFacts:
+def describe_key(
+    record: SigningKeyRecord, settings: CommonSettings, *, now: datetime | None = None
+) -> KeyFacts:
     moment = now or utcnow()
     published = _published(record, settings, moment)
     state: KeyState
@@ -111,7 +117,9 @@ def describe_key(record: SigningKeyRecord, settings: Settings, *, now: datetime 
     )
 
 
-def signing_keys(session: Session, settings: Settings, *, now: datetime | None = None) -> list[SigningKey]:
+def signing_keys(
+    session: Session, settings: CommonSettings, *, now: datetime | None = None
+) -> list[SigningKey]:
     """Keys that sign at ``now``, newest first (so the new key is ``sig1`` during an overlap)."""
     moment = now or utcnow()
     records = session.exec(
@@ -123,7 +131,9 @@ def signing_keys(session: Session, settings: Settings, *, now: datetime | None =
     return [SigningKey.from_jwk(_private_jwk(record, settings)) for record in live]
 
 
-def published_jwks(session: Session, settings: Settings, *, now: datetime | None = None) -> dict[str, object]:
+def published_jwks(
+    session: Session, settings: CommonSettings, *, now: datetime | None = None
+) -> dict[str, object]:
     """The JWKS document: every key that signs now, will sign soon, or signed within one lead."""
     moment = now or utcnow()
     records = session.exec(select(SigningKeyRecord).order_by(col(SigningKeyRecord.signs_from).desc())).all()
@@ -131,14 +141,16 @@ def published_jwks(session: Session, settings: Settings, *, now: datetime | None
     return {"keys": keys}
 
 
-def _published(record: SigningKeyRecord, settings: Settings, moment: datetime) -> bool:
+def _published(record: SigningKeyRecord, settings: CommonSettings, moment: datetime) -> bool:
     """In the JWKS at ``moment``: from creation until one publish lead after it stops signing
     (receivers' cached JWKS may still name it for a signature made just before)."""
     grace = timedelta(seconds=settings.key_publish_lead_seconds)
     return record.retires_at is None or record.retires_at + grace > moment
 
 
-def _add(session: Session, settings: Settings, key: SigningKey, *, signs_from: datetime) -> SigningKeyRecord:
+def _add(
+    session: Session, settings: CommonSettings, key: SigningKey, *, signs_from: datetime
+) -> SigningKeyRecord:
     private = json.dumps(key.to_jwk())
     if settings.key_store_path is not None:
         private = _FILE_REF + str(_write_private(settings.key_store_path, key.kid, private))
@@ -162,7 +174,7 @@ def _write_private(folder: Path, kid: str, text: str) -> Path:
     return path
 
 
-def _private_jwk(record: SigningKeyRecord, settings: Settings) -> dict[str, object]:
+def _private_jwk(record: SigningKeyRecord, settings: CommonSettings) -> dict[str, object]:
     text = record.private_jwk
     if text.startswith(_FILE_REF):
         text = Path(text.removeprefix(_FILE_REF)).read_text()

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
 
-from usp_workers.settings import Settings
+from usp_workers.settings import WorkerSettings
 
 __all__ = ["RetrySchedule", "parse_retry_after"]
 
@@ -36,7 +36,7 @@ class RetrySchedule:
         self._rng = rng if rng is not None else random.Random()  # noqa: S311
 
     @classmethod
-    def from_settings(cls, settings: Settings, rng: random.Random | None = None) -> RetrySchedule:
+    def from_settings(cls, settings: WorkerSettings, rng: random.Random | None = None) -> RetrySchedule:
         """The schedule ``settings`` configure (``retry_schedule``, ``retry_jitter``)."""
         return cls(settings.retry_schedule, settings.retry_jitter, rng)
 

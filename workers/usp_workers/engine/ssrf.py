@@ -68,7 +68,7 @@ _DEFAULT_RESOLVE_TIMEOUT: Final = 5.0
 
 
 class TargetPolicy(Protocol):
-    """The settings this module reads (``usp_workers.settings.Settings`` satisfies it)."""
+    """The settings this module reads (``usp_workers.settings.CommonSettings`` satisfies it)."""
 
     @property
     def allow_private_targets(self) -> bool: ...

@@ -20,7 +20,7 @@ from anyio.lowlevel import RunVar
 from usp_workers.engine.origin_pool import OriginTransport, PinnedClient
 from usp_workers.engine.schedule import parse_retry_after
 from usp_workers.engine.ssrf import ResolvedTarget, TargetRefused, send_pinned
-from usp_workers.settings import Settings
+from usp_workers.settings import CommonSettings
 
 __all__ = [
     "EXCERPT_BYTES",
@@ -52,7 +52,7 @@ class TryResult:
     error: str | None = None  #: short, safe to store: never the response body, the URL's query
 
 
-def make_client(settings: Settings) -> PinnedClient:
+def make_client(settings: CommonSettings) -> PinnedClient:
     """The client deliveries go through: build it once per process (per event loop) and reuse it.
 
     A :class:`~usp_workers.engine.origin_pool.PinnedClient`: one small pool of kept-alive HTTP/1.1
@@ -81,7 +81,7 @@ class _NoCookies(CookieJar):
         return None
 
 
-def request_timeout(settings: Settings) -> httpx.Timeout:
+def request_timeout(settings: CommonSettings) -> httpx.Timeout:
     """httpx's per-phase timeouts: ``connect_timeout`` to connect, ``total_timeout`` otherwise."""
     return httpx.Timeout(settings.total_timeout, connect=settings.connect_timeout)
 
@@ -91,7 +91,7 @@ async def send_once(
     target: ResolvedTarget,
     body: bytes,
     headers: dict[str, str],
-    settings: Settings,
+    settings: CommonSettings,
     *,
     now: Callable[[], datetime],
 ) -> TryResult:

@@ -21,7 +21,7 @@ from usp_workers.engine import tracing
 from usp_workers.runtime.embedded_broker import celery_broker
 from usp_workers.runtime.heap import freeze_startup_heap
 from usp_workers.runtime.logs import hook_celery_logging
-from usp_workers.settings import Settings
+from usp_workers.settings import CommonSettings, WorkerSettings
 
 __all__ = [
     "DELIVER_TASK",
@@ -53,7 +53,7 @@ PREFETCH_MULTIPLIER = 1
 _SETTINGS_ATTRIBUTE = "usp_settings"
 
 
-def make_celery(settings: Settings) -> Celery:
+def make_celery(settings: CommonSettings) -> Celery:
     """A Celery app for ``settings``: broker ``settings.broker_url_resolved``, JSON only, no
     results, late acknowledgement, one queue (:data:`QUEUE`). Connects lazily (on first send)."""
     broker_url, transport = celery_broker(settings.broker_url_resolved)
@@ -93,18 +93,18 @@ def make_celery(settings: Settings) -> Celery:
     return celery
 
 
-def settings_of(celery: Celery) -> Settings:
-    """The settings ``celery`` was made with (``Settings()`` from the environment for an app
-    that :func:`make_celery` did not make)."""
+def settings_of(celery: Celery) -> WorkerSettings:
+    """The worker settings ``celery`` was made with (``WorkerSettings()`` from the environment
+    for an app that :func:`make_celery` did not make with them)."""
     settings = getattr(celery, _SETTINGS_ATTRIBUTE, None)
-    if isinstance(settings, Settings):
+    if isinstance(settings, WorkerSettings):
         return settings
-    settings = Settings()
+    settings = WorkerSettings()
     setattr(celery, _SETTINGS_ATTRIBUTE, settings)
     return settings
 
 
-def redis_visibility_timeout(settings: Settings) -> float:
+def redis_visibility_timeout(settings: CommonSettings) -> float:
     """How long Redis waits before it hands an unacknowledged message to another worker.
 
     It must exceed the longest a healthy worker holds a message, or Redis gives a running batch
@@ -125,7 +125,7 @@ def prepare_broker(celery: Celery) -> None:
         celery.amqp.queues[QUEUE](connection.default_channel).declare()
 
 
-def transport_options(settings: Settings) -> dict[str, Any]:
+def transport_options(settings: CommonSettings) -> dict[str, Any]:
     """Transport options for the configured broker. They are per transport: kombu's SQL transport
     passes every unknown option to ``create_engine``, which refuses what it does not know."""
     url = settings.broker_url_resolved
@@ -138,7 +138,7 @@ _json_hook_lock = threading.Lock()
 _json_hooked = False
 
 
-def _log_json_if_asked(settings: Settings) -> None:
+def _log_json_if_asked(settings: CommonSettings) -> None:
     """With JSON logs, make Celery's logging set-up ours, once per process.
 
     Celery skips its own set-up when anything receives ``setup_logging``, so the receiver is
@@ -218,4 +218,4 @@ worker_process_init.connect(_freeze_startup_heap, weak=False)
 worker_init.connect(_trace, weak=False)  # prefork children inherit it (the SDK restarts its thread)
 
 #: The app ``celery -A usp_workers.runtime.celery_app worker`` runs, configured from the environment.
-app: Celery = make_celery(Settings())
+app: Celery = make_celery(WorkerSettings())

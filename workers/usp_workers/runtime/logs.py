@@ -12,7 +12,7 @@ import sys
 from datetime import UTC, datetime
 from typing import Any
 
-from usp_workers.settings import Settings
+from usp_workers.settings import CommonSettings
 
 __all__ = [
     "CONTEXT_FIELDS",
@@ -94,7 +94,7 @@ class RedactingFilter(logging.Filter):
         return True
 
 
-def configure_logging(settings: Settings, *, level: int | str = logging.INFO) -> None:
+def configure_logging(settings: CommonSettings, *, level: int | str = logging.INFO) -> None:
     """Set up this process's logging for ``settings.log_format``.
 
     ``json``: the root logger gets one stderr handler with :class:`JsonFormatter` (replacing
@@ -123,7 +123,7 @@ def configure_logging(settings: Settings, *, level: int | str = logging.INFO) ->
             handler.addFilter(RedactingFilter())
 
 
-def hook_celery_logging(settings: Settings) -> None:
+def hook_celery_logging(settings: CommonSettings) -> None:
     """With JSON logs, keep Celery from replacing the root logger's handlers with its own text
     ones: a receiver on ``setup_logging`` makes Celery skip its set-up and configure ours."""
     if settings.log_format != "json":

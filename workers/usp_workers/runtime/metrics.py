@@ -18,7 +18,7 @@ from sqlmodel import SQLModel
 
 from usp_workers.engine.ordering import blocked_counts, unblocked
 from usp_workers.operations import DELETED
-from usp_workers.settings import Settings
+from usp_workers.settings import ApiSettings
 from usp_workers.storage.models import (
     Attempt,
     BreakerState,
@@ -73,7 +73,7 @@ class Snapshot:
     subscriptions: list[SubscriptionHealth] = field(default_factory=list)
 
 
-def snapshot(engine: Engine, settings: Settings, *, now: datetime | None = None) -> Snapshot:
+def snapshot(engine: Engine, settings: ApiSettings, *, now: datetime | None = None) -> Snapshot:
     """Read the metrics' numbers at ``now`` (default: the present)."""
     moment = now or utcnow()
     result = Snapshot()
@@ -152,7 +152,7 @@ def delivery_counts(connection: sa.Connection) -> dict[tuple[str, str], int]:
 class DatabaseCollector:
     """A ``prometheus_client`` collector: each ``collect()`` takes a fresh :func:`snapshot`."""
 
-    def __init__(self, engine: Engine, settings: Settings) -> None:
+    def __init__(self, engine: Engine, settings: ApiSettings) -> None:
         self.engine = engine
         self.settings = settings
 
@@ -160,7 +160,7 @@ class DatabaseCollector:
         yield from families(snapshot(self.engine, self.settings))
 
 
-def render(engine: Engine, settings: Settings) -> bytes:
+def render(engine: Engine, settings: ApiSettings) -> bytes:
     """The Prometheus text exposition of the metrics (blocking: run it off the event loop)."""
     registry = CollectorRegistry(auto_describe=False)
     registry.register(DatabaseCollector(engine, settings))

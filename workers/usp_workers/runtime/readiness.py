@@ -17,7 +17,7 @@ from sqlalchemy.engine import Engine
 from usp_workers.engine.outage import describe
 from usp_workers.runtime.celery_app import transport_options
 from usp_workers.runtime.embedded_broker import celery_broker
-from usp_workers.settings import Settings
+from usp_workers.settings import CommonSettings
 
 __all__ = ["CHECK_TIMEOUT_SECONDS", "Check", "check_broker", "check_database", "readiness"]
 
@@ -43,7 +43,7 @@ def check_database(engine: Engine) -> Check:
     return Check("database", True)
 
 
-def check_broker(settings: Settings) -> Check:
+def check_broker(settings: CommonSettings) -> Check:
     url, transport = celery_broker(settings.broker_url_resolved)
     try:
         with Connection(  # type: ignore[no-untyped-call]
@@ -58,6 +58,6 @@ def check_broker(settings: Settings) -> Check:
     return Check("broker", True)
 
 
-def readiness(engine: Engine, settings: Settings) -> list[Check]:
+def readiness(engine: Engine, settings: CommonSettings) -> list[Check]:
     """Both checks, database first."""
     return [check_database(engine), check_broker(settings)]

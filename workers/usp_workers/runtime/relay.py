@@ -31,7 +31,7 @@ from usp_workers.engine.outbox import Enqueue
 from usp_workers.operations import reclaim_stale_jobs
 from usp_workers.runtime.embedded_broker import make_broker_engine, prune_consumed
 from usp_workers.runtime.logs import configure_logging
-from usp_workers.settings import Settings
+from usp_workers.settings import SchedulerSettings
 from usp_workers.storage.db import make_engine
 from usp_workers.storage.models import Delivery, DeliveryStatus, Subscription, utcnow
 from usp_workers.storage.retention import RetentionReport, RetentionSchedule, prune_once
@@ -88,7 +88,7 @@ class RelayReport:
 
 def relay_once(
     engine: Engine,
-    settings: Settings,
+    settings: SchedulerSettings,
     enqueue: Enqueue,
     *,
     now: datetime | None = None,
@@ -155,7 +155,7 @@ def reclaim_expired_leases(engine: Engine, *, now: datetime) -> int:
 
 
 def mark_due(
-    engine: Engine, settings: Settings, *, now: datetime, limit: int = RELAY_LIMIT
+    engine: Engine, settings: SchedulerSettings, *, now: datetime, limit: int = RELAY_LIMIT
 ) -> list[tuple[str, str]]:
     """Mark up to ``limit`` due, unsent deliveries as sent at ``now``; return their
     ``(delivery id, subscription id)``, oldest due first.
@@ -205,7 +205,7 @@ def mark_due(
     return [(row.id, row.subscription_id) for row in sorted(rows, key=lambda r: (r.next_attempt_at, r.id))]
 
 
-def endpoint_batch_size(settings: Settings) -> int:
+def endpoint_batch_size(settings: SchedulerSettings) -> int:
     """The most deliveries to *one* subscription that go in one batch.
 
     A batch records its results when its last try ends, and its lease runs out
@@ -218,7 +218,7 @@ def endpoint_batch_size(settings: Settings) -> int:
     return max(1, min(settings.batch_size, settings.per_endpoint_concurrency * waves))
 
 
-def plan_batches(rows: Iterable[tuple[str, str]], settings: Settings) -> list[list[str]]:
+def plan_batches(rows: Iterable[tuple[str, str]], settings: SchedulerSettings) -> list[list[str]]:
     """Split ``(delivery id, subscription id)`` rows into task batches, grouped by subscription.
 
     A batch is as slow as its slowest try, and its other deliveries are recorded only then. So a
@@ -229,8 +229,8 @@ def plan_batches(rows: Iterable[tuple[str, str]], settings: Settings) -> list[li
     ``batch_size``, since all their tries run in one wave; this keeps tasks few (Celery's cost
     is per task).
 
-    >>> from usp_workers.settings import Settings
-    >>> s = Settings(batch_size=4, per_endpoint_concurrency=1, lease_seconds=45, total_timeout=15)
+    >>> from usp_workers.settings import SchedulerSettings
+    >>> s = SchedulerSettings(batch_size=4, per_endpoint_concurrency=1, lease_seconds=45, total_timeout=15)
     >>> plan_batches([("d1", "a"), ("d2", "a"), ("d3", "b"), ("d4", "c"), ("d5", "a")], s)
     [['d1', 'd2'], ['d5'], ['d3', 'd4']]
     """
@@ -250,7 +250,7 @@ def plan_batches(rows: Iterable[tuple[str, str]], settings: Settings) -> list[li
 
 
 def run_relay(
-    settings: Settings,
+    settings: SchedulerSettings,
     *,
     stop: threading.Event | None = None,
     enqueue: Enqueue | None = None,
@@ -306,7 +306,7 @@ def run_relay(
 
 def _pass(
     engine: Engine,
-    settings: Settings,
+    settings: SchedulerSettings,
     enqueue: Enqueue,
     enqueue_job: EnqueueJob,
     broker_engine: Engine | None,
@@ -343,7 +343,7 @@ def _pass(
     return True
 
 
-def _retain(engine: Engine, settings: Settings, schedule: RetentionSchedule) -> None:
+def _retain(engine: Engine, settings: SchedulerSettings, schedule: RetentionSchedule) -> None:
     now = utcnow()
     if settings.retention_days <= 0 or not schedule.due(now):
         return
@@ -367,7 +367,7 @@ def _retain(engine: Engine, settings: Settings, schedule: RetentionSchedule) -> 
         )
 
 
-def _resend_jobs(engine: Engine, settings: Settings, enqueue_job: EnqueueJob, now: datetime) -> int:
+def _resend_jobs(engine: Engine, settings: SchedulerSettings, enqueue_job: EnqueueJob, now: datetime) -> int:
     """Send the stalled jobs again; stop at the first broker error (those not sent are taken
     again ``job_stale_after_seconds`` later). Returns how many were sent."""
     sent = 0
@@ -404,7 +404,7 @@ def _send(batches: Sequence[list[str]], enqueue: Enqueue) -> tuple[int, int, int
 _broker_engines: dict[str, Engine] = {}
 
 
-def _prune(broker_engine: Engine | None, settings: Settings, now: datetime) -> int:
+def _prune(broker_engine: Engine | None, settings: SchedulerSettings, now: datetime) -> int:
     if broker_engine is None:
         url = settings.broker_url_resolved
         broker_engine = _broker_engines.get(url)
@@ -437,7 +437,7 @@ def _stop_on_signals(stop: threading.Event, *, install: bool) -> Iterator[None]:
             signal.signal(sig, handler)
 
 
-def _default_logging(settings: Settings) -> None:
+def _default_logging(settings: SchedulerSettings) -> None:
     """INFO lines on stderr when nobody configured logging (the CLI, a bare script); one JSON
     object per line with ``USP_LOG_FORMAT=json`` (:mod:`usp_workers.runtime.logs`)."""
     if settings.log_format == "json":

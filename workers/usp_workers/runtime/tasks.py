@@ -23,7 +23,7 @@ from usp_workers.engine import delivery, outbox
 from usp_workers.engine.handoff import HandOff
 from usp_workers.runtime.celery_app import DELIVER_TASK, QUEUE, make_celery, settings_of
 from usp_workers.runtime.celery_app import app as default_app
-from usp_workers.settings import Settings
+from usp_workers.settings import CommonSettings
 from usp_workers.storage.db import make_engine
 
 __all__ = [
@@ -152,7 +152,7 @@ _engine_lock = threading.Lock()
 _engines: dict[tuple[int, str], Engine] = {}
 
 
-def engine_for(settings: Settings) -> Engine:
+def engine_for(settings: CommonSettings) -> Engine:
     """This process's database engine for ``settings.database_url``, created on first use.
 
     Keyed by process id: a forked child (Celery's prefork pool) must not use connections it
@@ -224,7 +224,7 @@ def enqueue_deliveries(
     return sent
 
 
-def install_enqueuer(settings: Settings) -> Celery:
+def install_enqueuer(settings: CommonSettings) -> Celery:
     """Make :func:`usp_workers.engine.outbox.emit` in this process hand its committed deliveries to the
     broker of ``settings``; return the app used. A failed hand-off never reaches emit's caller:
     it is logged, and the relay re-sends the deliveries later.

@@ -12,7 +12,7 @@ from kombu.utils.url import maybe_sanitize_url
 
 from usp_workers.runtime.celery_app import QUEUE, make_celery
 from usp_workers.runtime.logs import configure_logging
-from usp_workers.settings import Settings
+from usp_workers.settings import WorkerSettings
 
 __all__ = ["DEFAULT_CONCURRENCY", "run_worker", "worker_argv"]
 
@@ -50,7 +50,7 @@ def worker_argv(
 
 
 def run_worker(
-    settings: Settings, *, concurrency: int | None = None, pool: str = "threads", loglevel: str = "INFO"
+    settings: WorkerSettings, *, concurrency: int | None = None, pool: str = "threads", loglevel: str = "INFO"
 ) -> None:
     """Run a delivery worker in this process until SIGTERM or SIGINT.
 

@@ -19,7 +19,7 @@ from alembic.migration import MigrationContext
 from sqlalchemy.engine import Engine
 from sqlmodel import Session
 
-from usp_workers.settings import Settings
+from usp_workers.settings import CommonSettings
 
 __all__ = ["MIGRATIONS", "Migrated", "lock_for_count", "make_engine", "run_migrations", "session", "upgrade"]
 
@@ -29,7 +29,7 @@ CONNECT_TIMEOUT_SECONDS = 5
 _MIGRATION_LOCK = 0x5553_5057  # "USPW": the advisory lock id migrations hold on PostgreSQL
 
 
-def make_engine(settings: Settings | str) -> Engine:
+def make_engine(settings: CommonSettings | str) -> Engine:
     """An engine for ``settings.database_url`` (or a URL), with SQLite made multi-process safe."""
     url = settings if isinstance(settings, str) else settings.database_url
     if url.startswith("sqlite"):

@@ -14,7 +14,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 from sqlmodel import SQLModel
 
-from usp_workers.settings import Settings
+from usp_workers.settings import SchedulerSettings
 from usp_workers.storage.models import Attempt, Delivery, DeliveryStatus, EventRecord, Notice, utcnow
 
 __all__ = ["BATCH", "MAX_BATCHES_PER_PASS", "RetentionReport", "RetentionSchedule", "prune_once"]
@@ -52,7 +52,7 @@ class RetentionReport:
 
 def prune_once(
     engine: Engine,
-    settings: Settings,
+    settings: SchedulerSettings,
     *,
     now: datetime | None = None,
     batch: int = BATCH,
