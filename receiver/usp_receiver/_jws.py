@@ -23,7 +23,7 @@ from usp_receiver._errors import (
     UnknownKey,
 )
 from usp_receiver._keys import KeyResolver, PublicKey, SigningKey
-from usp_receiver.jose import JOSE_ALGS, JWSError, parse_jws, sign_jws
+from usp_receiver.jose import JOSE_ALGS, JWSError, ParsedJWS, parse_jws, sign_jws
 
 __all__ = [
     "JWS_TYP",
@@ -159,11 +159,12 @@ async def averify_notification_params(
 
 @dataclass(frozen=True)
 class _Parsed:
+    """The notification's JWS, the header fields this profile requires, and the signed params."""
+
+    jws: ParsedJWS
     kid: str
     alg: str
     iat: int | float
-    signing_input: bytes
-    signature: bytes
     params: dict[str, Any]
 
 
@@ -203,14 +204,7 @@ def _parse(params: Any) -> _Parsed:
         raise MalformedSignature(
             f"JWS signature must be {_SIGNATURE_LENGTH} bytes, got {len(parsed.signature)}"
         )
-    return _Parsed(
-        kid=header["kid"],
-        alg=header["alg"],
-        iat=header["iat"],
-        signing_input=parsed.signing_input,
-        signature=parsed.signature,
-        params=canonical,
-    )
+    return _Parsed(jws=parsed, kid=header["kid"], alg=header["alg"], iat=header["iat"], params=canonical)
 
 
 def _checked_header(header: dict[str, Any]) -> dict[str, Any]:
@@ -235,7 +229,7 @@ def _finish(
     if JOSE_ALGS[parsed.alg] != key.alg:
         # The key names its algorithm; a header that names another is refused, never obeyed.
         raise BadSignature(f"JWS alg {parsed.alg!r} does not match key {_short(key.kid)} ({key.jose_alg})")
-    if not key.verify(parsed.signature, parsed.signing_input):
+    if not key.verify(parsed.jws.signature, parsed.jws.signing_input):
         raise BadSignature(f"in-band JWS by key {_short(key.kid)} does not verify")
     # Freshness only once the signature holds: an unauthenticated iat proves nothing.
     current = time.time() if now is None else now

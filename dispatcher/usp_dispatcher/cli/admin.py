@@ -10,7 +10,7 @@ import re
 import socket
 import threading
 import time
-from collections.abc import Awaitable, Callable, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from typing import Annotated, Any, NoReturn
@@ -158,24 +158,26 @@ def events_list(
         limit=limit,
         cursor=cursor,
     )
-    with AdminClient(url, token) as api:
-        page = api.call("GET", "/admin/events", params=params)
-    if as_json:
-        print_json(page)
-        return
-    shown = table("events", "event", "subject", "age", "deliveries", "type")
-    for item in page["items"]:
+
+    def row(item: dict[str, Any]) -> tuple[object, ...]:
         counts = ", ".join(f"{n} {status}" for status, n in sorted(item["deliveries"].items())) or "-"
-        add_row(
-            shown,
+        return (
             short_id(item["id"]),
             short_id(item["subject_id"]),
             age(item["created_at"]),
             counts,
             item["event_type"],
         )
-    console.print(shown)
-    _more(page)
+
+    _list(
+        AdminClient(url, token),
+        "/admin/events",
+        params,
+        as_json=as_json,
+        title="events",
+        headers=("event", "subject", "age", "deliveries", "type"),
+        row=row,
+    )
 
 
 @events_app.command("show")
@@ -283,24 +285,22 @@ def dead_letter_list(
         limit=limit,
         cursor=cursor,
     )
-    with AdminClient(url, token) as api:
-        page = api.call("GET", "/admin/dead-letter", params=params)
-    if as_json:
-        print_json(page)
-        return
-    shown = table("dead letter", "event", "subscription", "tries", "last", "died", "type")
-    for item in page["items"]:
-        add_row(
-            shown,
+    _list(
+        AdminClient(url, token),
+        "/admin/dead-letter",
+        params,
+        as_json=as_json,
+        title="dead letter",
+        headers=("event", "subscription", "tries", "last", "died", "type"),
+        row=lambda item: (
             short_id(item["event_id"]),
             short_id(item["subscription_id"]),
             item["attempt_count"],
             item["last_status_code"] or item["last_error"] or "-",
             age(item["completed_at"]),
             item["event_type"] or "-",
-        )
-    console.print(shown)
-    _more(page)
+        ),
+    )
 
 
 @dead_letter_app.command("redrive")
@@ -384,23 +384,15 @@ def subscriptions_list(
 ) -> None:
     """Subscriptions with their health: state (with an open breaker or a rate limit), success
     rate over 24 h, last success, failure streak, pending and dead deliveries."""
-    with AdminClient(url, token) as api:
-        page = api.call(
-            "GET", "/admin/subscriptions", params=_params(state=state, limit=limit, cursor=cursor)
-        )
-    if as_json:
-        print_json(page)
-        return
-    shown = table("subscriptions", "id", "state", "ok 24h", "last ok", "streak", "pending", "dead", "url")
-    for item in page["items"]:
+
+    def row(item: dict[str, Any]) -> tuple[object, ...]:
         rate = item["success_rate"]
         condition = [item["state"] + (f" ({item['disabled_reason']})" if item["disabled_reason"] else "")]
         if item["breaker_state"] != "closed":
             condition.append(f"breaker {item['breaker_state']}")
         if item["rate_limit"] is not None:
             condition.append(f"{item['rate_limit']}/s")
-        add_row(
-            shown,
+        return (
             short_id(item["id"]),
             ", ".join(condition),
             "-" if rate is None else f"{rate:.0%}/{item['recent_attempts']}",
@@ -410,8 +402,16 @@ def subscriptions_list(
             item["dead"],
             item["url"],
         )
-    console.print(shown)
-    _more(page)
+
+    _list(
+        AdminClient(url, token),
+        "/admin/subscriptions",
+        _params(state=state, limit=limit, cursor=cursor),
+        as_json=as_json,
+        title="subscriptions",
+        headers=("id", "state", "ok 24h", "last ok", "streak", "pending", "dead", "url"),
+        row=row,
+    )
 
 
 @subscriptions_app.command("notices")
@@ -428,26 +428,20 @@ def subscriptions_notices(
 ) -> None:
     """Health notices, newest first: disabled and why, enabled, breaker opened, re-opened after
     a failed probe, closed."""
-    with AdminClient(url, token) as api:
-        page = api.call(
-            "GET",
-            "/admin/notices",
-            params=_params(subscription_id=subscription_id, kind=kind, limit=limit, cursor=cursor),
-        )
-    if as_json:
-        print_json(page)
-        return
-    shown = table("notices", "when", "subscription", "notice", "detail")
-    for item in page["items"]:
-        add_row(
-            shown,
+    _list(
+        AdminClient(url, token),
+        "/admin/notices",
+        _params(subscription_id=subscription_id, kind=kind, limit=limit, cursor=cursor),
+        as_json=as_json,
+        title="notices",
+        headers=("when", "subscription", "notice", "detail"),
+        row=lambda item: (
             age(item["created_at"]),
             short_id(item["subscription_id"]),
             item["kind"].removeprefix("subscription."),
             item["detail"],
-        )
-    console.print(shown)
-    _more(page)
+        ),
+    )
 
 
 @subscriptions_app.command("disable")
@@ -718,7 +712,27 @@ def _when(text: str | None) -> str | None:
     return moment.isoformat()
 
 
-def _more(page: Mapping[str, Any]) -> None:
+def _list(
+    client: AdminClient,
+    path: str,
+    params: dict[str, Any],
+    *,
+    as_json: bool,
+    title: str,
+    headers: tuple[str, ...],
+    row: Callable[[dict[str, Any]], tuple[object, ...]],
+) -> None:
+    """One page of an admin listing: as JSON, or as a table of ``row(item)`` per item followed
+    by the cursor of the next page."""
+    with client as api:
+        page = api.call("GET", path, params=params)
+    if as_json:
+        print_json(page)
+        return
+    shown = table(title, *headers)
+    for item in page["items"]:
+        add_row(shown, *row(item))
+    console.print(shown)
     if page.get("next_cursor"):
         console.print(f"more: --cursor {page['next_cursor']}", markup=False)
 
