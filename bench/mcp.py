@@ -17,7 +17,8 @@ outbox) and none is refused. Both bindings end in the same service function and 
   response, ``authorize`` (key lookup, profile binding), the booking-scoped credential it issues.
 
 Per concurrency level (callers each with their own connection or session, calls split evenly) it
-prints calls/s for both and the ratio MCP/REST; ``--warmup`` calls per caller are not counted.
+prints calls/s for both, the ratio MCP/REST and the API process's CPU per call; ``--warmup``
+calls per caller are not counted.
 """
 
 # ruff: noqa: E402 (the path fix below must run before the SDK is imported)
@@ -52,6 +53,7 @@ from mcp.client.streamable_http import streamable_http_client
 from rich.console import Console
 from rich.table import Table
 
+from bench.api_process import ApiProcess, cpu_seconds
 from bench.api_process import api_server as run_api
 from usp_dispatcher import access, domain
 from usp_workers.storage import db
@@ -73,10 +75,16 @@ Call = Callable[[], Awaitable[None]]
 
 
 @dataclass(frozen=True)
+class Rate:
+    calls_per_second: float
+    api_cpu_ms: float  #: the API process's CPU per counted call
+
+
+@dataclass(frozen=True)
 class Row:
     concurrency: int
-    rest: float
-    mcp: float
+    rest: Rate
+    mcp: Rate
 
 
 def main() -> None:
@@ -98,23 +106,28 @@ def main() -> None:
     console = Console()
     with tempfile.TemporaryDirectory(prefix="usp-bench-mcp-") as folder, database(args, Path(folder)) as url:
         seats = (args.calls + args.warmup * max(levels)) * len(levels) * 2 + 10
-        with api_server(url, Path(folder)) as base:
+        with api_server(url, Path(folder)) as api:
             key = prepare(url, seats, args.slots)
             console.print(
-                f"API at {base} ({args.database}); {args.calls} counted calls per binding and level"
+                f"API at {api.base} ({args.database}); {args.calls} counted calls per binding and level"
             )
             rows = [
-                asyncio.run(measure(base, key, level, args.calls, args.warmup, args.slots))
-                for level in levels
+                asyncio.run(measure(api, key, level, args.calls, args.warmup, args.slots)) for level in levels
             ]
     table = Table(
         title=f"usp_bookings_create: MCP (Streamable HTTP, SDK client) vs REST, {os.cpu_count()} cores"
     )
-    for column in ("callers", "REST calls/s", "MCP calls/s", "MCP / REST"):
+    columns = ("callers", "REST calls/s", "MCP calls/s", "MCP / REST", "API CPU/call REST", "MCP")
+    for column in columns:
         table.add_column(column, justify="right")
     for row in rows:
         table.add_row(
-            str(row.concurrency), f"{row.rest:,.0f}", f"{row.mcp:,.0f}", f"{row.mcp / row.rest:.2f}"
+            str(row.concurrency),
+            f"{row.rest.calls_per_second:,.0f}",
+            f"{row.mcp.calls_per_second:,.0f}",
+            f"{row.mcp.calls_per_second / row.rest.calls_per_second:.2f}",
+            f"{row.rest.api_cpu_ms:.2f} ms",
+            f"{row.mcp.api_cpu_ms:.2f} ms",
         )
     console.print(table)
 
@@ -122,23 +135,29 @@ def main() -> None:
 # ------------------------------------------------------------------------------------ measuring
 
 
-async def measure(base: str, key: str, callers: int, calls: int, warmup: int, slots: int) -> Row:
+async def measure(api: ApiProcess, key: str, callers: int, calls: int, warmup: int, slots: int) -> Row:
     per_caller = max(1, calls // callers)
-    rest = await _rate([_rest_caller(base, slot_id(n % slots)) for n in range(callers)], per_caller, warmup)
+    rest = await _rate(
+        api, [_rest_caller(api.base, slot_id(n % slots)) for n in range(callers)], per_caller, warmup
+    )
     mcp = await _rate(
-        [_mcp_caller(base, key, slot_id(n % slots)) for n in range(callers)], per_caller, warmup
+        api, [_mcp_caller(api.base, key, slot_id(n % slots)) for n in range(callers)], per_caller, warmup
     )
     return Row(callers, rest, mcp)
 
 
-async def _rate(callers: list[Any], per_caller: int, warmup: int) -> float:
-    """Calls/s of ``callers`` (async context managers yielding a :data:`Call`) running together."""
+async def _rate(api: ApiProcess, callers: list[Any], per_caller: int, warmup: int) -> Rate:
+    """Calls/s of ``callers`` (async context managers yielding a :data:`Call`) running together,
+    and the API process's CPU per call meanwhile."""
     async with _all(callers) as calls:
         await asyncio.gather(*(_repeat(call, warmup) for call in calls))
+        cpu = cpu_seconds(api.pid)
         started = time.perf_counter()
         await asyncio.gather(*(_repeat(call, per_caller) for call in calls))
         elapsed = time.perf_counter() - started
-    return per_caller * len(callers) / elapsed
+        cpu = cpu_seconds(api.pid) - cpu
+    counted = per_caller * len(callers)
+    return Rate(counted / elapsed, cpu * 1000 / counted)
 
 
 async def _repeat(call: Call, times: int) -> None:
@@ -245,7 +264,7 @@ def database(args: argparse.Namespace, folder: Path) -> Iterator[str]:
 
 
 @contextmanager
-def api_server(url: str, folder: Path) -> Iterator[str]:
+def api_server(url: str, folder: Path) -> Iterator[ApiProcess]:
     """``usp-webhooks api`` on ``url``'s database (:func:`bench.api_process.api_server`)."""
     env = {
         "USP_DATABASE_URL": url,
@@ -254,7 +273,7 @@ def api_server(url: str, folder: Path) -> Iterator[str]:
         "USP_SEED_DEMO_CATALOG": "false",
     }
     with run_api(env, folder, ready="/.well-known/usp") as api:
-        yield api.base
+        yield api
 
 
 if __name__ == "__main__":

@@ -50,6 +50,13 @@ LiveSend = Callable[[dict[str, Any]], Awaitable[None]]
 
 DEFAULT_POLL_INTERVAL: Final = 0.2
 DEFAULT_LOOKBACK: Final = 5.0
+#: Seconds behind the newest event seen that every poll rereads (a transaction that commits
+#: within this of its event's creation is seen at the next poll).
+RECENT: Final = 0.5
+#: Seconds between the polls that reread the whole ``lookback`` (the later commits).
+SWEEP_INTERVAL: Final = 1.0
+#: The least time between two polls' starts: a burst of commits wakes the hub once per gap.
+MIN_POLL_GAP: Final = 0.02
 DEFAULT_QUEUE_SIZE: Final = 1000
 
 _UspWebhook = types.Notification[dict[str, Any], str]
@@ -185,9 +192,11 @@ class LiveHub:
                     if not self._attachments:
                         await wake.wait()
                         continue
-                    await self._poll(engine, settings, tail)
+                    started = loop.time()
+                    await self._poll(engine, settings, tail, started)
                     with anyio.move_on_after(poll_interval):
                         await wake.wait()
+                    await anyio.sleep(max(0.0, started + MIN_POLL_GAP - loop.time()))
         finally:
             _commit_hook.discard(poke)
             self._task_group = self._wake = None
@@ -197,16 +206,20 @@ class LiveHub:
 
     # -- the loop's steps ---------------------------------------------------------------------
 
-    async def _poll(self, engine: Engine, settings: ApiSettings, tail: _Tail) -> None:
+    async def _poll(self, engine: Engine, settings: ApiSettings, tail: _Tail, moment: float) -> None:
         attachments = list(self._attachments.values())
-        floor = tail.floor(min(attachment.attached_at for attachment in attachments))
+        read_from, forget_below = tail.floors(
+            min(attachment.attached_at for attachment in attachments), moment
+        )
         profiles = {profile for attachment in attachments for profile in attachment.profiles}
         try:
-            batch = await anyio.to_thread.run_sync(_read_batch, engine, settings, floor, tail.seen, profiles)
+            batch = await anyio.to_thread.run_sync(
+                _read_batch, engine, settings, read_from, tail.seen, profiles
+            )
         except Exception:
             logger.exception("live webhooks: reading new events failed; retrying at the next poll")
             return
-        tail.advance(floor, batch.window)
+        tail.advance(forget_below, batch.window)
         for record in batch.events:
             targets = [attachment for attachment in attachments if _wants(attachment, record, batch.patterns)]
             if not targets:
@@ -287,13 +300,21 @@ class _Tail:
     lookback: timedelta
     newest: datetime | None = None
     seen: dict[str, datetime] = field(default_factory=dict)
+    swept_at: float = float("-inf")  # the event loop's clock
 
-    def floor(self, earliest_attach: datetime) -> datetime:
-        """The oldest ``created_at`` worth reading: nobody wants events from before they attached,
-        and nothing older than the lookback behind the newest event can still be unseen."""
+    def floors(self, earliest_attach: datetime, moment: float) -> tuple[datetime, datetime]:
+        """Where the poll at ``moment`` reads from, and the oldest ``created_at`` that can still be
+        unseen: nobody wants events from before they attached, and nothing older than the
+        lookback behind the newest event is looked for. Most polls read only the :data:`RECENT`
+        end of that window; one every :data:`SWEEP_INTERVAL` reads all of it, so a poll's cost
+        follows the events since the last one, not the whole window's."""
         if self.newest is None:
-            return earliest_attach
-        return max(earliest_attach, self.newest - self.lookback)
+            return earliest_attach, earliest_attach
+        oldest = max(earliest_attach, self.newest - self.lookback)
+        if moment - self.swept_at >= SWEEP_INTERVAL:
+            self.swept_at = moment
+            return oldest, oldest
+        return max(oldest, self.newest - timedelta(seconds=RECENT)), oldest
 
     def advance(self, floor: datetime, window: Iterable[tuple[str, datetime]]) -> None:
         for event_id, created_at in window:
@@ -308,8 +329,8 @@ class _Tail:
 
 @dataclass(frozen=True)
 class _Batch:
-    window: list[tuple[str, datetime]]  # every (id, created_at) at or after the floor
-    events: list[EventRecord]  # the unseen ones, oldest first
+    window: list[tuple[str, datetime]]  # every (id, created_at) read
+    events: list[EventRecord]  # the unseen ones some attached profile wants, oldest first
     patterns: dict[str, list[list[str]]]  # profile -> each active subscription's patterns
     key: SigningKey | None
 
@@ -317,34 +338,40 @@ class _Batch:
 def _read_batch(
     engine: Engine, settings: ApiSettings, floor: datetime, seen: dict[str, datetime], profiles: set[str]
 ) -> _Batch:
-    """The events at or after ``floor`` the hub has not handled, the attached profiles'
-    subscriptions and the signing key (blocking: run in a thread; ``seen`` is only read)."""
+    """The events at or after ``floor`` the hub has not handled and an attached profile wants,
+    those profiles' subscriptions and the signing key (blocking: run in a thread; ``seen`` is
+    only read). Only the events wanted are read whole."""
     with db.session(engine) as session:
-        window = [
-            (event_id, created_at)
-            for event_id, created_at in session.exec(
-                select(EventRecord.id, EventRecord.created_at).where(EventRecord.created_at >= floor)
-            ).all()
-        ]
-        unseen = [event_id for event_id, _ in window if event_id not in seen]
+        rows = session.exec(
+            select(
+                EventRecord.id, EventRecord.created_at, EventRecord.event_type, EventRecord.audience
+            ).where(EventRecord.created_at >= floor)
+        ).all()
+        window = [(event_id, created_at) for event_id, created_at, _, _ in rows]
+        unseen = [row for row in rows if row[0] not in seen]
         if not unseen:
             return _Batch(window, [], {}, None)
-        events: list[EventRecord] = []
-        for chunk in _chunks(unseen, 500):
-            events.extend(session.exec(select(EventRecord).where(col(EventRecord.id).in_(chunk))).all())
-        events.sort(key=lambda record: (record.created_at, record.id))
         patterns: dict[str, list[list[str]]] = {}
-        rows = session.exec(
+        subscriptions = session.exec(
             select(Subscription.platform_profile, Subscription.event_types).where(
                 Subscription.state == SubscriptionState.ACTIVE,
                 col(Subscription.platform_profile).in_(sorted(profiles)),
             )
         ).all()
-        for profile, event_types in rows:
+        for profile, event_types in subscriptions:
             if profile is not None:
                 patterns.setdefault(profile, []).append(json.loads(event_types))
-    if not patterns:
-        return _Batch(window, events, patterns, None)
+        wanted = [
+            event_id
+            for event_id, _, event_type, audience in unseen
+            if _profiles_want(patterns, event_type, audience)
+        ]
+        events: list[EventRecord] = []
+        for chunk in _chunks(wanted, 500):
+            events.extend(session.exec(select(EventRecord).where(col(EventRecord.id).in_(chunk))).all())
+    if not events:
+        return _Batch(window, [], patterns, None)
+    events.sort(key=lambda record: (record.created_at, record.id))
     try:
         key: SigningKey | None = current_signing_keys(engine, settings)[0]
     except NoSigningKey:
@@ -355,10 +382,17 @@ def _read_batch(
 def _wants(attachment: _Attachment, record: EventRecord, patterns: dict[str, list[list[str]]]) -> bool:
     if record.created_at < attachment.attached_at:
         return False
+    mine = {profile: patterns.get(profile, []) for profile in attachment.profiles}
+    return _profiles_want(mine, record.event_type, record.audience)
+
+
+def _profiles_want(patterns: dict[str, list[list[str]]], event_type: str, audience: str | None) -> bool:
+    """Whether an active subscription of one of ``patterns``' profiles asks for the event and its
+    audience lets it reach that profile (the rule of REST deliveries)."""
     return any(
-        reaches(profile, record.audience)
-        and any(event_matches(record.event_type, subscription) for subscription in patterns.get(profile, ()))
-        for profile in attachment.profiles
+        reaches(profile, audience)
+        and any(event_matches(event_type, subscription) for subscription in subscriptions)
+        for profile, subscriptions in patterns.items()
     )
 
 

@@ -15,7 +15,7 @@ from sqlalchemy.engine import Engine
 from tests.dispatcher.mcp.support import OTHER_PROFILE, PROFILE
 from tests.dispatcher.mcp_live.support import emit, wait_until
 from tests.dispatcher.support import event
-from usp_dispatcher.mcp.live import LiveHub
+from usp_dispatcher.mcp.live import RECENT, LiveHub
 from usp_receiver import JWKS, verify_notification_params
 from usp_workers.engine import keys, outbox
 from usp_workers.settings import Settings
@@ -165,6 +165,27 @@ async def test_an_event_committed_after_a_later_one_is_still_sent(
         await wait_until(lambda: slow_body["event_id"] in acme.event_ids)
     assert acme.event_ids == [quick, slow_body["event_id"]]
     assert slow_body["event_id"] < quick
+
+
+async def test_an_event_committed_long_after_it_was_written_is_sent_by_the_sweep(
+    prepared: Engine, settings: Settings
+) -> None:
+    """Most polls reread only the last RECENT seconds behind the newest event; the one every
+    SWEEP_INTERVAL rereads the whole lookback and finds an event committed later than that."""
+    hub = LiveHub()
+    acme = Inbox()
+    async with running(hub, prepared, settings):
+        hub.attach("acme", PROFILE, acme)
+        slow_body = event("booking.created")
+        with db.session(prepared) as slow:
+            outbox.emit(slow, slow_body, audience=PROFILE)
+            await anyio.sleep(RECENT + 0.3)
+            quick = emit(prepared, "booking.created", audience=PROFILE)
+            await wait_until(lambda: quick in acme.event_ids)
+            await anyio.sleep(0.5)  # polls go on (the first with an event seen is a sweep)
+            slow.commit()
+        await wait_until(lambda: slow_body["event_id"] in acme.event_ids)
+    assert acme.event_ids == [quick, slow_body["event_id"]]
 
 
 async def test_a_failing_or_stalled_session_is_detached_and_the_others_still_hear(
