@@ -96,7 +96,9 @@ def mount_mcp(
         replay_max_age=replay_max_age,
         poll_interval=poll_interval,
     )
-    app.router.routes.append(Route(path, endpoint=endpoint, include_in_schema=False))
+    # First, so an MCP request does not walk every router's routes before matching (measured:
+    # FastAPI's route matching was ~4% of the API's CPU per MCP call with the endpoint last).
+    app.router.routes.insert(0, Route(path, endpoint=endpoint, include_in_schema=False))
     app.state.mcp = endpoint
     return endpoint
 
