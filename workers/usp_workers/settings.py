@@ -13,7 +13,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import Field, SecretStr, field_validator
+from pydantic import BeforeValidator, Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 __all__ = [
@@ -27,6 +27,16 @@ __all__ = [
 
 #: Seconds to wait after each failed try (SPEC-NOTES): 5 s, 5 min, 30 min, 2 h, 5 h, 10 h, 10 h.
 DEFAULT_RETRY_SCHEDULE: tuple[float, ...] = (5, 300, 1800, 7200, 18000, 36000, 36000)
+
+
+def _split_commas(value: object) -> object:
+    if isinstance(value, str):
+        return tuple(part.strip() for part in value.split(",") if part.strip())
+    return value
+
+
+#: A list setting spelled as comma-separated words in the environment.
+_COMMAS = BeforeValidator(_split_commas)
 
 
 class CommonSettings(BaseSettings):
@@ -75,7 +85,7 @@ class CommonSettings(BaseSettings):
         description="let subscriptions target loopback and private addresses (development only); cloud"
         " metadata and link-local targets stay refused",
     )
-    private_target_allowlist: Annotated[tuple[str, ...], NoDecode] = Field(
+    private_target_allowlist: Annotated[tuple[str, ...], NoDecode, _COMMAS] = Field(
         default=(),
         description="CIDRs that are allowed even though they are not global, comma-separated",
     )
@@ -95,11 +105,6 @@ class CommonSettings(BaseSettings):
     per_endpoint_concurrency: int = Field(
         default=8, ge=1, description="concurrent requests to one endpoint per worker"
     )
-
-    @field_validator("private_target_allowlist", mode="before")
-    @classmethod
-    def _split_networks(cls, value: object) -> object:
-        return _split_commas(value)
 
     @field_validator("private_target_allowlist")
     @classmethod
@@ -123,7 +128,7 @@ class CommonSettings(BaseSettings):
 class WorkerSettings(CommonSettings):
     """A worker's: how deliveries are retried and when a failing subscription is paused."""
 
-    retry_schedule: Annotated[tuple[float, ...], NoDecode] = Field(
+    retry_schedule: Annotated[tuple[float, ...], NoDecode, _COMMAS] = Field(
         default=DEFAULT_RETRY_SCHEDULE,
         description="seconds to wait after each failed try, comma-separated; then the delivery is dead",
     )
@@ -154,11 +159,6 @@ class WorkerSettings(CommonSettings):
     breaker_max_cooldown_seconds: float = Field(
         default=3600.0, gt=0, description="the longest pause an open breaker grows to"
     )
-
-    @field_validator("retry_schedule", mode="before")
-    @classmethod
-    def _split_schedule(cls, value: object) -> object:
-        return _split_commas(value)
 
 
 class SchedulerSettings(WorkerSettings):
@@ -216,7 +216,9 @@ class ApiSettings(CommonSettings):
         "platforms may book, bound to their `_meta.usp.profile` only)",
     )
     auth_mechanisms: Annotated[
-        tuple[Literal["bearer", "http_message_signatures", "booking_scoped_credential"], ...], NoDecode
+        tuple[Literal["bearer", "http_message_signatures", "booking_scoped_credential"], ...],
+        NoDecode,
+        _COMMAS,
     ] = Field(
         default=("bearer", "http_message_signatures", "booking_scoped_credential"),
         description="authentication mechanisms offered to platforms, comma-separated (published in "
@@ -232,11 +234,6 @@ class ApiSettings(CommonSettings):
         "freed (an open notification stream counts as a request); its client opens a new one",
     )
 
-    @field_validator("auth_mechanisms", mode="before")
-    @classmethod
-    def _split_mechanisms(cls, value: object) -> object:
-        return _split_commas(value)
-
 
 class Settings(ApiSettings, SchedulerSettings):
     """Every setting: for ``usp-webhooks up``, which runs the API, a worker and the scheduler in
@@ -245,12 +242,6 @@ class Settings(ApiSettings, SchedulerSettings):
     >>> Settings(retry_schedule="5,60", auth_mechanisms="bearer").retry_schedule
     (5.0, 60.0)
     """
-
-
-def _split_commas(value: object) -> object:
-    if isinstance(value, str):
-        return tuple(part.strip() for part in value.split(",") if part.strip())
-    return value
 
 
 def _embedded_broker_path(database_url: str) -> Path:
