@@ -10,15 +10,17 @@ call books (``pending`` booking, ``booking.created`` and ``catalog.availability.
 outbox) and none is refused. Both bindings end in the same service function and the same
 ``perform`` transaction; what differs is the front end:
 
-* **REST**: ``POST /services/bookings`` (admin bearer token) with ``httpx.AsyncClient``;
+* **REST**: ``POST /services/bookings`` with ``httpx.AsyncClient``, twice: as the business
+  (admin bearer token: no key lookup, no profile) and as the platform the MCP caller is (the same
+  API key, its profile in ``USP-Agent``: the same authentication and profile binding);
 * **MCP**: ``tools/call usp_bookings_create`` on a stateful Streamable HTTP session (handshake
   protocol, ``mcp.Client(..., mode="legacy")``), an API key in the ``Authorization`` header and
   ``_meta.usp.profile`` in the arguments: JSON-RPC framing, the SDK's session manager and SSE
   response, ``authorize`` (key lookup, profile binding), the booking-scoped credential it issues.
 
 Per concurrency level (callers each with their own connection or session, calls split evenly) it
-prints calls/s for both, the ratio MCP/REST and the API process's CPU per call; ``--warmup``
-calls per caller are not counted.
+prints calls/s for each, the ratio MCP / REST as the same platform (the MCP layer's cost) and the
+API process's CPU per call; ``--warmup`` calls per caller are not counted.
 """
 
 # ruff: noqa: E402 (the path fix below must run before the SDK is imported)
@@ -36,6 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # for bench.api_pr
 import argparse
 import asyncio
 import os
+import shutil
 import tempfile
 import time
 import uuid
@@ -83,7 +86,8 @@ class Rate:
 @dataclass(frozen=True)
 class Row:
     concurrency: int
-    rest: Rate
+    business: Rate  #: REST with the admin token
+    rest: Rate  #: REST as the platform (its API key and profile)
     mcp: Rate
 
 
@@ -103,9 +107,9 @@ def main() -> None:
     )
     args = parser.parse_args()
     levels = [int(level) for level in args.concurrency.split(",") if level.strip()]
-    console = Console()
+    console = Console(width=max(150, shutil.get_terminal_size().columns))
     with tempfile.TemporaryDirectory(prefix="usp-bench-mcp-") as folder, database(args, Path(folder)) as url:
-        seats = (args.calls + args.warmup * max(levels)) * len(levels) * 2 + 10
+        seats = (args.calls + args.warmup * max(levels)) * len(levels) * 3 + 10
         with api_server(url, Path(folder)) as api:
             key = prepare(url, seats, args.slots)
             console.print(
@@ -117,17 +121,16 @@ def main() -> None:
     table = Table(
         title=f"usp_bookings_create: MCP (Streamable HTTP, SDK client) vs REST, {os.cpu_count()} cores"
     )
-    columns = ("callers", "REST calls/s", "MCP calls/s", "MCP / REST", "API CPU/call REST", "MCP")
-    for column in columns:
+    columns = ("callers", "calls/s: REST business", "REST platform", "MCP platform", "MCP / REST platform")
+    for column in (*columns, "API CPU/call: REST business", "REST platform", "MCP platform"):
         table.add_column(column, justify="right")
     for row in rows:
+        rates = (row.business, row.rest, row.mcp)
         table.add_row(
             str(row.concurrency),
-            f"{row.rest.calls_per_second:,.0f}",
-            f"{row.mcp.calls_per_second:,.0f}",
+            *(f"{rate.calls_per_second:,.0f}" for rate in rates),
             f"{row.mcp.calls_per_second / row.rest.calls_per_second:.2f}",
-            f"{row.rest.api_cpu_ms:.2f} ms",
-            f"{row.mcp.api_cpu_ms:.2f} ms",
+            *(f"{rate.api_cpu_ms:.2f} ms" for rate in rates),
         )
     console.print(table)
 
@@ -137,13 +140,22 @@ def main() -> None:
 
 async def measure(api: ApiProcess, key: str, callers: int, calls: int, warmup: int, slots: int) -> Row:
     per_caller = max(1, calls // callers)
+    business = await _rate(
+        api,
+        [_rest_caller(api.base, ADMIN_TOKEN, slot_id(n % slots)) for n in range(callers)],
+        per_caller,
+        warmup,
+    )
     rest = await _rate(
-        api, [_rest_caller(api.base, slot_id(n % slots)) for n in range(callers)], per_caller, warmup
+        api,
+        [_rest_caller(api.base, key, slot_id(n % slots), profile=PROFILE) for n in range(callers)],
+        per_caller,
+        warmup,
     )
     mcp = await _rate(
         api, [_mcp_caller(api.base, key, slot_id(n % slots)) for n in range(callers)], per_caller, warmup
     )
-    return Row(callers, rest, mcp)
+    return Row(callers, business, rest, mcp)
 
 
 async def _rate(api: ApiProcess, callers: list[Any], per_caller: int, warmup: int) -> Rate:
@@ -180,8 +192,12 @@ async def _all(callers: list[Any]) -> AsyncIterator[list[Call]]:
 
 
 @asynccontextmanager
-async def _rest_caller(base: str, slot: str) -> AsyncIterator[Call]:
-    headers = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+async def _rest_caller(
+    base: str, token: str, slot: str, *, profile: str | None = None
+) -> AsyncIterator[Call]:
+    headers = {"Authorization": f"Bearer {token}"}
+    if profile is not None:
+        headers["USP-Agent"] = f'profile="{profile}"'
     async with httpx.AsyncClient(base_url=base, headers=headers, timeout=60) as http:
 
         async def call() -> None:
