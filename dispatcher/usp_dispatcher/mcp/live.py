@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import heapq
 import json
 import logging
 from collections.abc import Awaitable, Callable, Iterable, Sequence
@@ -300,6 +301,7 @@ class _Tail:
     lookback: timedelta
     newest: datetime | None = None
     seen: dict[str, datetime] = field(default_factory=dict)
+    expiry: list[tuple[datetime, str]] = field(default_factory=list)  # ``seen`` as a heap
     swept_at: float = float("-inf")  # the event loop's clock
 
     def floors(self, earliest_attach: datetime, moment: float) -> tuple[datetime, datetime]:
@@ -318,13 +320,15 @@ class _Tail:
 
     def advance(self, floor: datetime, window: Iterable[tuple[str, datetime]]) -> None:
         for event_id, created_at in window:
-            self.seen[event_id] = created_at
+            if event_id not in self.seen:
+                self.seen[event_id] = created_at
+                heapq.heappush(self.expiry, (created_at, event_id))
             if self.newest is None or created_at > self.newest:
                 self.newest = created_at
         # The floor never moves back (attach times and the newest event only grow), so what is
-        # below it now will never be read again.
-        for event_id in [event_id for event_id, created_at in self.seen.items() if created_at < floor]:
-            del self.seen[event_id]
+        # below it now will never be read again: forgotten oldest first, without a scan.
+        while self.expiry and self.expiry[0][0] < floor:
+            del self.seen[heapq.heappop(self.expiry)[1]]
 
 
 @dataclass(frozen=True)

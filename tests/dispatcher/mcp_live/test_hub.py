@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from datetime import UTC, datetime, timedelta
 from functools import partial
 from typing import Any
 
@@ -15,7 +16,7 @@ from sqlalchemy.engine import Engine
 from tests.dispatcher.mcp.support import OTHER_PROFILE, PROFILE
 from tests.dispatcher.mcp_live.support import emit, wait_until
 from tests.dispatcher.support import event
-from usp_dispatcher.mcp.live import RECENT, LiveHub
+from usp_dispatcher.mcp.live import RECENT, LiveHub, _Tail
 from usp_receiver import JWKS, verify_notification_params
 from usp_workers.engine import keys, outbox
 from usp_workers.settings import Settings
@@ -227,3 +228,21 @@ def test_attach_is_idempotent_and_a_session_may_speak_for_several_profiles() -> 
     hub.detach("s")
     hub.detach("unknown")
     assert hub.session_keys == frozenset()
+
+
+def test_the_tail_forgets_what_fell_below_the_floor_and_counts_a_reread_once() -> None:
+    start = datetime(2026, 1, 1, tzinfo=UTC)
+    at = {name: start + timedelta(seconds=n) for n, name in enumerate("abcd", 1)}
+    tail = _Tail(timedelta(seconds=5))
+    tail.advance(start, [("b", at["b"]), ("a", at["a"]), ("c", at["c"])])  # committed out of order
+    tail.advance(start, [("c", at["c"]), ("d", at["d"])])  # a sweep rereads c
+    assert tail.newest == at["d"]
+    assert len(tail.expiry) == len(tail.seen) == 4
+    tail.advance(at["c"], [])
+    assert tail.seen == {"c": at["c"], "d": at["d"]}
+    assert sorted(tail.expiry) == [(at["c"], "c"), (at["d"], "d")]
+    # Most polls read from RECENT behind the newest; a sweep from the lookback behind it (here:
+    # from the attach, which is later); either way nothing below that is still looked for.
+    assert tail.floors(start, moment=100.0) == (start, start)
+    assert tail.floors(start, moment=100.1) == (at["d"] - timedelta(seconds=RECENT), start)
+    assert tail.floors(start, moment=101.0) == (start, start)
