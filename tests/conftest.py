@@ -12,6 +12,8 @@ import os
 
 import pytest
 
+from tests.postgres import vacuum_catalogs
+
 REDIS_URL_ENV = "USP_TEST_REDIS_URL"
 POSTGRES_URL_ENV = "USP_TEST_POSTGRES_URL"
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
@@ -77,6 +79,7 @@ def postgres_url() -> str:
     try:
         with engine.connect() as conn:
             conn.execute(sa.text("SELECT 1"))
+        vacuum_catalogs(engine)  # what earlier runs left behind (see tests.postgres)
     except sa.exc.OperationalError as exc:
         pytest.fail(
             f"PostgreSQL at {url} does not answer ({exc.orig}). Start one with "

@@ -7,19 +7,18 @@ and on production's PostgreSQL, and only running both shows that.
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
 import pytest
-import sqlalchemy as sa
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from pydantic import SecretStr
 from sqlalchemy.engine import Engine
 
+from tests.postgres import fresh_schema
 from tests.servers import running
 from usp_dispatcher.api.app import create_app
 from usp_workers.settings import Settings
@@ -39,18 +38,8 @@ def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str
     if request.param == "sqlite":
         yield f"sqlite:///{tmp_path / 'usp.sqlite3'}"
         return
-    base: str = request.getfixturevalue("postgres_url")
-    schema = f"usp_test_{uuid.uuid4().hex[:12]}"
-    admin = sa.create_engine(base)
-    try:
-        with admin.begin() as conn:
-            conn.execute(sa.text(f'CREATE SCHEMA "{schema}"'))
-        url = sa.make_url(base).update_query_dict({"options": f"-csearch_path={schema}"})
-        yield url.render_as_string(hide_password=False)
-    finally:
-        with admin.begin() as conn:
-            conn.execute(sa.text(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE'))
-        admin.dispose()
+    with fresh_schema(request.getfixturevalue("postgres_url")) as url:
+        yield url
 
 
 @pytest.fixture

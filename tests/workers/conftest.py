@@ -17,7 +17,6 @@ signing keys, a controllable clock, settings fit for tests.
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
@@ -29,13 +28,13 @@ import redis
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
+from tests.postgres import fresh_schema
 from tests.servers import serving
 from tests.workers.endpoints import Hub
 from tests.workers.support import (
     Clock,
     Endpoints,
     Pipeline,
-    PipelineDatabase,
     RelayProcess,
     ServiceProcess,
     StartRelay,
@@ -43,6 +42,7 @@ from tests.workers.support import (
     WorkerProcess,
     amqp_exclusive,
     exclusive,
+    pipeline_database,
     redis_db_url,
 )
 from usp_receiver import JWKS
@@ -75,26 +75,13 @@ def database(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Engine]
 
 
 def _postgres_schema(url: str) -> Iterator[Engine]:
-    schema = f"usp_test_{uuid.uuid4().hex[:16]}"
-    admin = sa.create_engine(url)
-    try:
-        with admin.begin() as connection:
-            connection.execute(sa.text(f'CREATE SCHEMA "{schema}"'))
-        engine = sa.create_engine(
-            url,
-            connect_args={"options": f"-csearch_path={schema}"},
-            pool_size=10,
-            max_overflow=20,
-        )
+    with fresh_schema(url) as schema_url:
+        engine = sa.create_engine(schema_url, pool_size=10, max_overflow=20)
         try:
             upgrade(engine)
             yield engine
         finally:
             engine.dispose()
-            with admin.begin() as connection:
-                connection.execute(sa.text(f'DROP SCHEMA "{schema}" CASCADE'))
-    finally:
-        admin.dispose()
 
 
 # -- settings, keys, clock, client -------------------------------------------------------------
@@ -221,7 +208,7 @@ def pipeline(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Pipelin
             stack.enter_context(amqp_exclusive(request.getfixturevalue("redis_url"), broker))
         else:
             broker = f"sqla+sqlite:///{tmp_path / 'broker.sqlite3'}"
-        url = stack.enter_context(PipelineDatabase(request, database_kind, tmp_path))
+        url = stack.enter_context(pipeline_database(request, database_kind, tmp_path))
         fields: dict[str, Any] = {
             "database_url": url,
             "broker_url": broker,

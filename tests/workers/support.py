@@ -22,11 +22,11 @@ from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 import redis
-import sqlalchemy as sa
 from redis.lock import Lock
 from sqlalchemy.engine import Engine
 from sqlmodel import Session, col, func, select
 
+from tests.postgres import fresh_schema
 from tests.workers.endpoints import App, Hub
 from usp_receiver import JWKS
 from usp_schemas import BOOKING_CONFIRMED_EXAMPLE, new_event_id
@@ -299,30 +299,14 @@ def empty(client: redis.Redis) -> None:
             client.delete(key)
 
 
-class PipelineDatabase:
+@contextmanager
+def pipeline_database(request: pytest.FixtureRequest, kind: str, folder: Path) -> Iterator[str]:
     """A fresh database URL: a SQLite file, or a PostgreSQL schema (dropped afterwards)."""
-
-    def __init__(self, request: pytest.FixtureRequest, kind: str, folder: Path) -> None:
-        self.request, self.kind, self.folder = request, kind, folder
-        self.schema: str | None = None
-        self.admin: Engine | None = None
-
-    def __enter__(self) -> str:
-        if self.kind == "sqlite":
-            return f"sqlite:///{self.folder / 'usp.sqlite3'}"
-        base: str = self.request.getfixturevalue("postgres_url")
-        self.schema = f"usp_test_{uuid.uuid4().hex[:12]}"
-        self.admin = sa.create_engine(base)
-        with self.admin.begin() as connection:
-            connection.execute(sa.text(f'CREATE SCHEMA "{self.schema}"'))
-        url = sa.make_url(base).update_query_dict({"options": f"-csearch_path={self.schema}"})
-        return url.render_as_string(hide_password=False)
-
-    def __exit__(self, *exc: object) -> None:
-        if self.admin is not None:
-            with self.admin.begin() as connection:
-                connection.execute(sa.text(f'DROP SCHEMA IF EXISTS "{self.schema}" CASCADE'))
-            self.admin.dispose()
+    if kind == "sqlite":
+        yield f"sqlite:///{folder / 'usp.sqlite3'}"
+        return
+    with fresh_schema(request.getfixturevalue("postgres_url")) as url:
+        yield url
 
 
 class ServiceProcess:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import uuid
 from collections.abc import Iterator, Sequence
 
 import pytest
@@ -14,6 +13,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 from tests.faults import TcpProxy, tcp_proxy
+from tests.postgres import fresh_schema
 from tests.workers.conftest import MakeSettings
 from tests.workers.endpoints import Receive, Scope, Send, respond
 from tests.workers.support import Endpoints, add_subscription, attempts, delivery, emit_event
@@ -28,18 +28,11 @@ from usp_workers.storage.models import DeliveryStatus
 @pytest.fixture
 def schema_url(postgres_url: str) -> Iterator[str]:
     """A PostgreSQL URL whose connections use a fresh schema of their own (dropped after)."""
-    schema = f"usp_test_{uuid.uuid4().hex[:12]}"
-    admin = sa.create_engine(postgres_url)
-    with admin.begin() as connection:
-        connection.execute(sa.text(f'CREATE SCHEMA "{schema}"'))
-    try:
-        url = sa.make_url(postgres_url).update_query_dict({"options": f"-csearch_path={schema}"})
-        yield url.render_as_string(hide_password=False)
-    finally:
-        close_background_runtime()
-        with admin.begin() as connection:
-            connection.execute(sa.text(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE'))
-        admin.dispose()
+    with fresh_schema(postgres_url) as url:
+        try:
+            yield url
+        finally:
+            close_background_runtime()
 
 
 class CutsTheDatabaseThenAcknowledges:

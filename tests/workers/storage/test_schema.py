@@ -8,6 +8,7 @@ is the check that catches it, on SQLite and PostgreSQL.
 from __future__ import annotations
 
 from datetime import datetime
+from pathlib import Path
 from typing import Any
 
 import sqlalchemy as sa
@@ -18,7 +19,7 @@ from alembic.migration import MigrationContext
 from sqlalchemy.engine import Engine
 from sqlmodel import SQLModel
 
-from usp_workers.storage.db import MIGRATIONS, upgrade
+from usp_workers.storage.db import MIGRATIONS, Migrated, make_engine, upgrade
 from usp_workers.storage.models import Delivery, EventRecord, Subscription, utcnow
 
 
@@ -32,6 +33,21 @@ def test_migrations_match_the_table_models(database: Engine) -> None:
             connection, opts={"compare_type": True, "include_name": _engine_tables}
         )
         assert compare_metadata(context, SQLModel.metadata) == []
+
+
+def test_an_upgrade_reports_what_it_created_and_one_at_the_head_does_nothing(
+    database: Engine, tmp_path: Path
+) -> None:
+    fresh = make_engine(f"sqlite:///{tmp_path / 'fresh.sqlite3'}")
+    try:
+        first = upgrade(fresh)
+    finally:
+        fresh.dispose()
+    assert first.before is None
+    assert first.after is not None
+    assert {"usp_events", "usp_deliveries", "usp_attempts"} <= set(first.created)
+    # ``database`` is at the head already: the fast path answers, on SQLite and PostgreSQL.
+    assert upgrade(database) == Migrated(first.after, first.after, ())
 
 
 def test_the_superseded_migration_marks_dead_deliveries_already_delivered_again(database: Engine) -> None:

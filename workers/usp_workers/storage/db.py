@@ -9,6 +9,7 @@ tables tests run against are the tables production gets.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,7 @@ import sqlalchemy as sa
 from alembic import command
 from alembic.config import Config
 from alembic.migration import MigrationContext
+from alembic.script import ScriptDirectory
 from sqlalchemy.engine import Engine
 from sqlmodel import Session
 
@@ -101,14 +103,30 @@ def run_migrations(
     with engine.begin() as connection:
         if connection.dialect.name == "postgresql":
             connection.execute(sa.text("SELECT pg_advisory_xact_lock(:key)"), {"key": lock})
-        tables = set(sa.inspect(connection).get_table_names())
         before = _revision(connection, version_table)
-        config = Config()
-        config.set_main_option("script_location", str(scripts))
+        if revision == "head" and before is not None and before == _head(scripts):
+            # Already there (every start but the first): no reflection of the catalog, no Alembic
+            # run. Listing the tables scans pg_class, which many dropped schemas make slow.
+            return Migrated(before, before, ())
+        tables = set(sa.inspect(connection).get_table_names())
+        config = _config(scripts)
         config.attributes["connection"] = connection
         command.upgrade(config, revision)
         created = set(sa.inspect(connection).get_table_names()) - tables - {version_table}
         return Migrated(before, _revision(connection, version_table), tuple(sorted(created)))
+
+
+@cache
+def _head(scripts: Path) -> str | None:
+    """The chain's head revision, its scripts read once per process (``None`` unless one head)."""
+    heads = ScriptDirectory.from_config(_config(scripts)).get_heads()
+    return heads[0] if len(heads) == 1 else None
+
+
+def _config(scripts: Path) -> Config:
+    config = Config()
+    config.set_main_option("script_location", str(scripts))
+    return config
 
 
 def _revision(connection: sa.Connection, version_table: str) -> str | None:
