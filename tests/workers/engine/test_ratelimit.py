@@ -6,8 +6,9 @@ timing is asserted on the starts the bucket granted (exact, whatever the machine
 the receiver only that nothing arrived before its start: never two starts closer than the
 interval (no bursts), no one-second window with more than N plus the small burst, and every
 delivery that had to wait starts at the bucket's next slot, one interval after the start before
-it (the limiter adds no gap of its own). Deliveries held back wait or are deferred, never failed: each ends with one attempt.
-Across real worker processes the starts are the ones the workers recorded in their attempts.
+it (the limiter adds no gap of its own). Deliveries held back wait or are deferred, never
+failed: each ends with one attempt. Across real worker processes the starts are the ones the
+workers recorded in their attempts.
 """
 
 from __future__ import annotations
