@@ -65,16 +65,20 @@ def module_map() -> str:
     return "\n".join(parts)
 
 
-def settings_table(settings: type[BaseSettings]) -> str:
-    """The fields ``settings`` adds to its bases as ``| USP_NAME | default | description |``."""
+def own_fields(settings: type[BaseSettings]) -> list[str]:
+    """The fields ``settings`` declares itself, not inherited from another settings class."""
     bases = [
         base for base in settings.__bases__ if issubclass(base, BaseSettings) and base is not BaseSettings
     ]
     inherited = {name for base in bases for name in base.model_fields}
+    return [name for name in settings.model_fields if name not in inherited]
+
+
+def settings_table(settings: type[BaseSettings]) -> str:
+    """The fields ``settings`` adds to its bases as ``| USP_NAME | default | description |``."""
     rows = ["| variable | default | what it does |", "|---|---|---|"]
-    for name, field in settings.model_fields.items():
-        if name in inherited:
-            continue
+    for name in own_fields(settings):
+        field = settings.model_fields[name]
         default = _spelled(field.default)
         cells = (f"`USP_{name.upper()}`", f"`{default}`" if default else "", field.description or "")
         rows.append("|" + "|".join(f" {cell} " if cell else " " for cell in cells) + "|")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pydantic
 import pytest
 
+from tests.generated_docs import own_fields
 from usp_workers.settings import ApiSettings, CommonSettings, SchedulerSettings, Settings, WorkerSettings
 
 KINDS: tuple[type[CommonSettings], ...] = (CommonSettings, ApiSettings, WorkerSettings, SchedulerSettings)
@@ -45,9 +46,7 @@ def test_each_kind_reads_its_own_variables_from_the_environment(monkeypatch: pyt
 def test_every_setting_is_declared_by_exactly_one_kind() -> None:
     declared: dict[str, list[str]] = {}
     for kind in KINDS:
-        bases = [base for base in kind.__bases__ if issubclass(base, CommonSettings)]
-        inherited = {name for base in bases for name in base.model_fields}
-        for name in kind.model_fields.keys() - inherited:
+        for name in own_fields(kind):
             declared.setdefault(name, []).append(kind.__name__)
     assert set(declared) == set(Settings.model_fields), "Settings adds nothing of its own"
     assert {name: kinds for name, kinds in declared.items() if len(kinds) > 1} == {}
