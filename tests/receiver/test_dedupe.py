@@ -579,6 +579,29 @@ async def test_redis_async_line_outlives_a_script_flush_and_a_killed_connection(
 
 
 @pytest.mark.anyio
+async def test_redis_async_line_keeps_call_order_when_a_script_is_refused(redis_url: str) -> None:
+    """After a script flush the claim script is cached again first; a release refused (NOSCRIPT)
+    must still take effect before the claim written after it, which Redis already ran."""
+    prefix = _redis_prefix()
+    admin = redis.Redis.from_url(redis_url)
+    store = RedisDedupe(url=redis_url, prefix=prefix)
+    try:
+        first = await store.aclaim("evt")
+        admin.script_flush()
+        assert (await store.aclaim("other")).state is NEW  # refused, sent again: claim cached
+        await store.arelease(first)  # not written yet: the next turn writes it with the claim
+        retry = await store.aclaim("evt")
+        assert retry.state is NEW
+        await store.acommit(retry)
+        assert (await store.aclaim("evt")).state is DUPLICATE
+        assert admin.get(prefix + "evt") == b"d"
+    finally:
+        await store.aclose()
+        _drop_prefix(admin, prefix)
+        admin.close()
+
+
+@pytest.mark.anyio
 async def test_redis_async_calls_are_pipelined_and_commits_land_by_close(redis_url: str) -> None:
     """Many tasks at once share the one connection; every reply reaches its own caller."""
     prefix = _redis_prefix()

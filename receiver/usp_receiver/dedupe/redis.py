@@ -9,6 +9,7 @@ import asyncio
 import collections
 import contextlib
 import hashlib
+import itertools
 import logging
 import secrets
 import ssl
@@ -74,6 +75,8 @@ _CLAIM_AT, _COMMIT_AT, _RELEASE_AT = 0, 1, 2
 _Call = tuple[int, str, tuple[str | int, ...]]
 #: Who waits for a call's reply: a claim's caller, or nobody (a commit or a release).
 _Waiter = asyncio.Future[Any] | None
+#: A call written to the async line, who waits for its reply, and until when.
+_Sent = tuple[_Call, _Waiter, float]
 
 #: What a lost connection or a flushed script cache raises on the sync line's read; the calls are
 #: then run again through redis-py's own Script objects (each is idempotent, see ``_claim_result``).
@@ -351,9 +354,11 @@ class _AsyncLine:
         self._reader_task: asyncio.Task[None] | None = None
         #: Calls written and not answered, in the order Redis answers them, with their deadline.
         #: (``None`` for a commit or release: nobody waits for its reply, which is only checked.)
-        self._waiting: collections.deque[tuple[_Call, _Waiter, float]] = collections.deque()
+        self._waiting: collections.deque[_Sent] = collections.deque()
         self._drained: asyncio.Event | None = None  #: set when nothing waits (``close`` asks)
         self._outgoing: list[bytes] = []
+        #: Answers still to come for calls since sent again (see ``_send_again_in_order``).
+        self._stale = 0
         #: One timer for the line, not one per call (that cost 6 µs a call): see ``_watch``.
         self._watchdog: asyncio.TimerHandle | None = None
 
@@ -480,17 +485,29 @@ class _AsyncLine:
             await self._recover(exc, writer)
 
     def _settle(self, reply: Any, writer: asyncio.StreamWriter) -> None:
+        if self._stale:
+            self._stale -= 1  # the first answer to a call sent again (below)
+            return
         call, future, deadline = self._waiting.popleft()
         if isinstance(reply, _resp.ReplyError) and reply.no_script:
-            # Redis lost its script cache (restart, SCRIPT FLUSH): send the source.
-            self._waiting.append((call, future, deadline))
-            writer.write(self._frame(call, source=True))
+            self._send_again_in_order((call, future, deadline), writer)
         elif isinstance(reply, _resp.ReplyError):
             _fail(future, redis.ResponseError(str(reply)))
         elif future is not None and not future.done():  # done: its caller timed out
             future.set_result(reply)
         if not self._waiting and self._drained is not None:
             self._drained.set()
+
+    def _send_again_in_order(self, refused: _Sent, writer: asyncio.StreamWriter) -> None:
+        """Redis lost its script cache (SCRIPT FLUSH, a failover) and refused ``refused``; the calls
+        written after it already ran, before it (a claim after a release of the same id would find
+        it still held). So send it and them again, as sources, in their order (each call is
+        idempotent), and drop the answers still on their way to the first sending of those."""
+        unsent = len(self._outgoing)  # the last calls of _waiting, written by the next _flush
+        written = list(itertools.islice(self._waiting, 0, len(self._waiting) - unsent))
+        self._stale += len(written)
+        self._waiting.appendleft(refused)
+        writer.write(b"".join(self._frame(call, source=True) for call, _, _ in (refused, *written)))
 
     async def _recover(self, exc: BaseException, broken: asyncio.StreamWriter) -> None:
         """Reconnect and send every unanswered call again (all are idempotent), or fail them."""
@@ -499,6 +516,7 @@ class _AsyncLine:
                 self._writer = None
             calls, self._waiting = self._waiting, collections.deque()
             self._outgoing = []
+            self._stale = 0
             broken.close()
             logger.info("dedupe: Redis connection lost (%s); %d call(s) to send again", exc, len(calls))
             try:
