@@ -9,9 +9,11 @@ one in CI.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 
 import pytest
 
+from tests.databases import drop_pooled_schemas
 from tests.postgres import vacuum_catalogs
 
 REDIS_URL_ENV = "USP_TEST_REDIS_URL"
@@ -68,8 +70,9 @@ def redis_url() -> str:
 
 
 @pytest.fixture(scope="session")
-def postgres_url() -> str:
-    """SQLAlchemy URL of a live PostgreSQL (``USP_TEST_POSTGRES_URL``); tests use their own tables."""
+def postgres_url() -> Iterator[str]:
+    """SQLAlchemy URL of a live PostgreSQL (``USP_TEST_POSTGRES_URL``); tests use their own tables
+    (schemas: ``tests.databases``, ``tests.postgres``)."""
     url = os.environ.get(POSTGRES_URL_ENV, DEFAULT_POSTGRES_URL)
     import sqlalchemy as sa
 
@@ -89,7 +92,8 @@ def postgres_url() -> str:
         )
     finally:
         engine.dispose()
-    return url
+    yield url
+    drop_pooled_schemas()
 
 
 @pytest.fixture(autouse=True)

@@ -10,7 +10,7 @@ from contextlib import contextmanager
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
-__all__ = ["fresh_schema", "vacuum_catalogs"]
+__all__ = ["create_schema", "drop_schema", "fresh_schema", "schema_url", "vacuum_catalogs"]
 
 #: The catalogs every CREATE/DROP of a schema of tables writes to.
 CATALOGS = (
@@ -33,23 +33,39 @@ _dropped = 0
 def fresh_schema(base_url: str) -> Iterator[str]:
     """A URL on ``base_url``'s database whose connections use a new, empty schema (their
     ``search_path``), dropped when the block ends."""
-    global _dropped
-    schema = f"usp_test_{uuid.uuid4().hex[:12]}"
     admin = sa.create_engine(base_url)
     try:
-        with admin.begin() as connection:
-            connection.execute(sa.text(f'CREATE SCHEMA "{schema}"'))
+        schema = create_schema(admin)
         try:
-            url = sa.make_url(base_url).update_query_dict({"options": f"-csearch_path={schema}"})
-            yield url.render_as_string(hide_password=False)
+            yield schema_url(base_url, schema)
         finally:
-            with admin.begin() as connection:
-                connection.execute(sa.text(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE'))
-            _dropped += 1
-            if _dropped % DROPS_PER_VACUUM == 0:
-                vacuum_catalogs(admin)
+            drop_schema(admin, schema)
     finally:
         admin.dispose()
+
+
+def create_schema(admin: Engine) -> str:
+    """A new, empty schema of a name no other test uses."""
+    schema = f"usp_test_{uuid.uuid4().hex[:12]}"
+    with admin.begin() as connection:
+        connection.execute(sa.text(f'CREATE SCHEMA "{schema}"'))
+    return schema
+
+
+def drop_schema(admin: Engine, schema: str) -> None:
+    """Drop ``schema`` and all in it, vacuuming the catalogs every ``DROPS_PER_VACUUM`` drops."""
+    global _dropped
+    with admin.begin() as connection:
+        connection.execute(sa.text(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE'))
+    _dropped += 1
+    if _dropped % DROPS_PER_VACUUM == 0:
+        vacuum_catalogs(admin)
+
+
+def schema_url(base_url: str, schema: str) -> str:
+    """``base_url`` with its connections' ``search_path`` set to ``schema``."""
+    url = sa.make_url(base_url).update_query_dict({"options": f"-csearch_path={schema}"})
+    return url.render_as_string(hide_password=False)
 
 
 def vacuum_catalogs(admin: Engine) -> None:

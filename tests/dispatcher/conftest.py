@@ -18,8 +18,10 @@ from fastapi.testclient import TestClient
 from pydantic import SecretStr
 from sqlalchemy.engine import Engine
 
+from tests.databases import migrated_schema, migrated_sqlite
 from tests.postgres import fresh_schema
 from tests.servers import running
+from usp_dispatcher import database
 from usp_dispatcher.api.app import create_app
 from usp_workers.settings import Settings
 from usp_workers.storage import db
@@ -34,11 +36,15 @@ Serve = Callable[[Any], str]
 
 @pytest.fixture(params=["sqlite", "postgresql"])
 def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
-    """A fresh, empty database: a SQLite file, or a PostgreSQL schema of its own (dropped after)."""
+    """A migrated database of no rows: a SQLite file, or a PostgreSQL schema of its own. Marked
+    ``empty_database``, a test gets one with no tables (it tests the migrations themselves)."""
+    empty = request.node.get_closest_marker("empty_database") is not None
     if request.param == "sqlite":
-        yield f"sqlite:///{tmp_path / 'usp.sqlite3'}"
+        path = tmp_path / "usp.sqlite3"
+        yield f"sqlite:///{path}" if empty else migrated_sqlite(path, database.upgrade)
         return
-    with fresh_schema(request.getfixturevalue("postgres_url")) as url:
+    postgres_url = request.getfixturevalue("postgres_url")
+    with fresh_schema(postgres_url) if empty else migrated_schema(postgres_url, database.upgrade) as url:
         yield url
 
 

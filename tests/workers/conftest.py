@@ -1,10 +1,11 @@
 """Fixtures for the delivery engine: a database (SQLite and PostgreSQL), a real webhook server,
 signing keys, a controllable clock, settings fit for tests.
 
-* ``database`` runs each test on both databases: a fresh SQLite file, and a fresh PostgreSQL
+* ``database`` runs each test on both databases: a SQLite file of its own, and a PostgreSQL
   schema of its own (``search_path`` set per connection), so tests never see each other's rows
-  nor those of other test modules sharing the server. The schema always comes from the Alembic
-  migrations (``usp_workers.storage.db.upgrade``), never ``create_all``.
+  nor those of other test modules sharing the server. Both hold no rows and come from the Alembic
+  migrations (``usp_workers.storage.db.upgrade``), never ``create_all``, run once per process
+  (``tests.databases``).
 * ``hub`` is one uvicorn server on 127.0.0.1 for the whole session; ``endpoints`` gives each test
   its own paths on it, and ``hub.seen(path)`` shows every request that reached a path.
   ``serve_hub()`` starts another one (another port: another endpoint, with its own
@@ -25,10 +26,9 @@ from typing import Any
 import httpx
 import pytest
 import redis
-import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
-from tests.postgres import fresh_schema
+from tests.databases import migrated_schema, migrated_sqlite
 from tests.servers import serving
 from tests.workers.endpoints import Hub
 from tests.workers.support import (
@@ -62,26 +62,14 @@ MakeSettings = Callable[..., Settings]
 @pytest.fixture(params=["sqlite", "postgresql"])
 def database(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Engine]:
     """An engine on an empty, migrated database of its own: SQLite file or PostgreSQL schema."""
-    if request.param == "sqlite":
-        engine = make_engine(f"sqlite:///{tmp_path / 'usp.sqlite3'}")
-        try:
-            upgrade(engine)
-            yield engine
-        finally:
-            engine.dispose()
-        return
-    url: str = request.getfixturevalue("postgres_url")
-    yield from _postgres_schema(url)
-
-
-def _postgres_schema(url: str) -> Iterator[Engine]:
-    with fresh_schema(url) as schema_url:
-        engine = sa.create_engine(schema_url, pool_size=10, max_overflow=20)
-        try:
-            upgrade(engine)
-            yield engine
-        finally:
-            engine.dispose()
+    with ExitStack() as stack:
+        if request.param == "sqlite":
+            url = migrated_sqlite(tmp_path / "usp.sqlite3", upgrade)
+        else:
+            url = stack.enter_context(migrated_schema(request.getfixturevalue("postgres_url"), upgrade))
+        engine = make_engine(url)
+        stack.callback(engine.dispose)
+        yield engine
 
 
 # -- settings, keys, clock, client -------------------------------------------------------------

@@ -12,6 +12,7 @@ from typer.testing import CliRunner
 from usp_dispatcher import cli
 
 
+@pytest.mark.empty_database
 def test_migrate_creates_the_schema(database_url: str, engine: Engine) -> None:
     assert "usp_events" not in sa.inspect(engine).get_table_names()
     result = CliRunner().invoke(cli.app, ["migrate"], env={"USP_DATABASE_URL": database_url})
@@ -32,6 +33,7 @@ def test_migrate_creates_the_schema(database_url: str, engine: Engine) -> None:
     assert "nothing to do" in again.output
 
 
+@pytest.mark.empty_database
 def test_migrate_names_the_revisions_it_applied(database_url: str, engine: Engine) -> None:
     from alembic.config import Config
     from alembic.script import ScriptDirectory

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import sqlalchemy as sa
 from alembic.config import Config
 from alembic.script import ScriptDirectory
@@ -16,6 +17,8 @@ from tests.dispatcher.conftest import MakeClient
 from usp_dispatcher import cli, database
 from usp_dispatcher.domain.tables import DOMAIN_METADATA
 from usp_workers.storage import db
+
+pytestmark = pytest.mark.empty_database
 
 DOMAIN_TABLES = {
     "sched_services",
