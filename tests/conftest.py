@@ -109,3 +109,20 @@ def _no_outage_carried_over() -> None:
     problems = sys.modules.get("usp_dispatcher.web.problems")
     if problems is not None:
         problems.OUTAGE.reset()
+
+
+#: Fixtures of the tests that run the pipeline as real processes (a minute at most each, most of
+#: it waiting on workers and brokers).
+_LONG_FIXTURES = frozenset({"pipeline"})
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The long tests first: pytest-xdist hands tests out in this order, so the long ones spread
+    over the workers at the start and short ones fill in around them, instead of three workers
+    ending the run on a queue of long ones (the last ~2.5 minutes of a run used to be them alone,
+    with the CPU half idle). The order within each group stays as collected."""
+    items.sort(
+        key=lambda item: (
+            not (_LONG_FIXTURES & set(getattr(item, "fixturenames", ())) or item.get_closest_marker("slow"))
+        )
+    )

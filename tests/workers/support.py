@@ -144,12 +144,13 @@ def subscription(engine: Engine, subscription_id: str) -> Subscription:
 
 # -- the real-process pipeline ---------------------------------------------------------------------
 
-#: The Redis database the pipeline tests' broker uses: nothing else in the suite touches it.
-REDIS_DB = 11
-#: The key that serialises test runs sharing a Redis server (see :func:`exclusive`).
+#: The Redis databases the pipeline tests' brokers use, one per pytest-xdist worker (workers beyond
+#: the fourth share them, taking turns through the lock): nothing else in the suite touches them.
+REDIS_DBS = (11, 13, 14, 15)
+#: The key that serialises the tests sharing one of those databases (see :func:`exclusive`).
 REDIS_LOCK = "usp-tests:pipeline-lock"
 #: The database holding the lock of RabbitMQ's delivery queue (see :func:`amqp_exclusive`): apart
-#: from :data:`REDIS_DB`, which the Redis pipeline tests empty.
+#: from :data:`REDIS_DBS`, which the Redis pipeline tests empty.
 AMQP_LOCK_DB = 12
 AMQP_LOCK = "usp-tests:rabbitmq-queue-lock"
 WORKER_READY_TIMEOUT = 45.0
@@ -219,22 +220,31 @@ class Pipeline:
         return int(waiting)
 
 
-def redis_db_url(base: str, db: int = REDIS_DB) -> str:
-    """``base`` (the suite's Redis URL) on database ``db`` (the pipeline tests' :data:`REDIS_DB`)."""
+def redis_db_url(base: str, db: int | None = None) -> str:
+    """``base`` (the suite's Redis URL) on database ``db`` (by default, :func:`pipeline_redis_db`)."""
     parts = urlsplit(base)
-    return urlunsplit((parts.scheme, parts.netloc, f"/{db}", "", ""))
+    return urlunsplit((parts.scheme, parts.netloc, f"/{pipeline_redis_db() if db is None else db}", "", ""))
+
+
+def pipeline_redis_db() -> int:
+    """This pytest-xdist worker's broker database: the Redis pipeline tests of different workers
+    run side by side instead of waiting for each other (up to a minute and a half each)."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
+    return REDIS_DBS[int(worker.removeprefix("gw")) % len(REDIS_DBS)]
 
 
 @contextmanager
 def exclusive(client: redis.Redis) -> Iterator[Lock]:
-    """Hold Redis database :data:`REDIS_DB` alone, emptied, for one test; yield the lock.
+    """Hold the client's Redis database (one of :data:`REDIS_DBS`) alone, emptied, for one test;
+    yield the lock.
 
     Several test runs may share the server (engineers and CI on one machine): their workers
     consume the same queue, and one run's worker would take the other's messages. A lock in the
     database itself serialises the runs; it expires on its own if a run dies holding it. The
     database is emptied like ``flushdb`` does, except for the lock.
     """
-    with _held(client, REDIS_LOCK, f"Redis database {REDIS_DB}") as lock:
+    database = client.connection_pool.connection_kwargs.get("db", 0)
+    with _held(client, REDIS_LOCK, f"Redis database {database}") as lock:
         empty(client)
         try:
             yield lock
