@@ -11,17 +11,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
-from alembic import command
-from alembic.config import Config
-from alembic.migration import MigrationContext
-from alembic.script import ScriptDirectory
 from sqlalchemy.engine import Engine
 from sqlmodel import Session
 
 from usp_workers.settings import CommonSettings
+
+if TYPE_CHECKING:
+    from alembic.config import Config
 
 __all__ = ["MIGRATIONS", "Migrated", "lock_for_count", "make_engine", "run_migrations", "session", "upgrade"]
 
@@ -108,6 +107,8 @@ def run_migrations(
             # Already there (every start but the first): no reflection of the catalog, no Alembic
             # run. Listing the tables scans pg_class, which many dropped schemas make slow.
             return Migrated(before, before, ())
+        from alembic import command  # here: only a process that migrates pays for importing Alembic
+
         tables = set(sa.inspect(connection).get_table_names())
         config = _config(scripts)
         config.attributes["connection"] = connection
@@ -119,17 +120,23 @@ def run_migrations(
 @cache
 def _head(scripts: Path) -> str | None:
     """The chain's head revision, its scripts read once per process (``None`` unless one head)."""
+    from alembic.script import ScriptDirectory
+
     heads = ScriptDirectory.from_config(_config(scripts)).get_heads()
     return heads[0] if len(heads) == 1 else None
 
 
 def _config(scripts: Path) -> Config:
+    from alembic.config import Config
+
     config = Config()
     config.set_main_option("script_location", str(scripts))
     return config
 
 
 def _revision(connection: sa.Connection, version_table: str) -> str | None:
+    from alembic.migration import MigrationContext
+
     context = MigrationContext.configure(connection, opts={"version_table": version_table})
     return context.get_current_revision()
 
