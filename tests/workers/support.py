@@ -145,8 +145,9 @@ def subscription(engine: Engine, subscription_id: str) -> Subscription:
 # -- the real-process pipeline ---------------------------------------------------------------------
 
 #: The Redis databases the pipeline tests' brokers use, one per pytest-xdist worker (workers beyond
-#: the fourth share them, taking turns through the lock): nothing else in the suite touches them.
-REDIS_DBS = (11, 13, 14, 15)
+#: the fourth share them, taking turns through the lock): nothing else in the suite touches them
+#: (0: dedupe keys, 12: RabbitMQ's lock, 14: the ACL test, 15: the broker-outage test).
+REDIS_DBS = (11, 13, 10, 9)
 #: The key that serialises the tests sharing one of those databases (see :func:`exclusive`).
 REDIS_LOCK = "usp-tests:pipeline-lock"
 #: The database holding the lock of RabbitMQ's delivery queue (see :func:`amqp_exclusive`): apart
