@@ -13,8 +13,9 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -115,6 +116,30 @@ def _drop_prefix(client: redis.Redis, prefix: str) -> None:
     keys = list(client.scan_iter(match=prefix + "*"))
     if keys:
         client.delete(*keys)
+
+
+@dataclass
+class LiveStore:
+    """A store on the real Redis (URL only: it owns its clients), in a key prefix of its own, and
+    an admin client on the same server."""
+
+    store: RedisDedupe
+    admin: redis.Redis
+    prefix: str
+
+
+@pytest.fixture
+async def live(redis_url: str) -> AsyncIterator[LiveStore]:
+    """Closed on the test's own event loop, its keys dropped."""
+    prefix = _redis_prefix()
+    admin = redis.Redis.from_url(redis_url)
+    store = RedisDedupe(url=redis_url, prefix=prefix)
+    try:
+        yield LiveStore(store, admin, prefix)
+    finally:
+        await store.aclose()
+        _drop_prefix(admin, prefix)
+        admin.close()
 
 
 @pytest.fixture
@@ -556,74 +581,53 @@ def test_redis_sync_line_outlives_a_script_flush_and_a_killed_connection(redis_u
 
 
 @pytest.mark.anyio
-async def test_redis_async_line_outlives_a_script_flush_and_a_killed_connection(redis_url: str) -> None:
-    prefix = _redis_prefix()
-    admin = redis.Redis.from_url(redis_url)
-    store = RedisDedupe(url=redis_url, prefix=prefix)
-    try:
-        await store.acommit(await store.aclaim("evt-1"))
-        admin.script_flush()
-        assert (await store.aclaim("evt-1")).state is DUPLICATE
-        await store.acommit(await store.aclaim("evt-2"))
-        line = store._async_line
-        assert line is not None
-        assert line._writer is not None
-        _kill_line(admin, line._writer.get_extra_info("sockname"))
-        assert (await store.aclaim("evt-2")).state is DUPLICATE
-        assert (await store.aclaim("evt-3")).state is NEW
-        assert admin.get(prefix + "evt-2") == b"d"
-    finally:
-        await store.aclose()
-        _drop_prefix(admin, prefix)
-        admin.close()
+async def test_redis_async_line_outlives_a_script_flush_and_a_killed_connection(live: LiveStore) -> None:
+    store, admin, prefix = live.store, live.admin, live.prefix
+    await store.acommit(await store.aclaim("evt-1"))
+    admin.script_flush()
+    assert (await store.aclaim("evt-1")).state is DUPLICATE
+    await store.acommit(await store.aclaim("evt-2"))
+    line = store._async_line
+    assert line is not None
+    assert line._writer is not None
+    _kill_line(admin, line._writer.get_extra_info("sockname"))
+    assert (await store.aclaim("evt-2")).state is DUPLICATE
+    assert (await store.aclaim("evt-3")).state is NEW
+    assert admin.get(prefix + "evt-2") == b"d"
 
 
 @pytest.mark.anyio
-async def test_redis_async_line_keeps_call_order_when_a_script_is_refused(redis_url: str) -> None:
+async def test_redis_async_line_keeps_call_order_when_a_script_is_refused(live: LiveStore) -> None:
     """After a script flush the claim script is cached again first; a release refused (NOSCRIPT)
     must still take effect before the claim written after it, which Redis already ran."""
-    prefix = _redis_prefix()
-    admin = redis.Redis.from_url(redis_url)
-    store = RedisDedupe(url=redis_url, prefix=prefix)
-    try:
-        first = await store.aclaim("evt")
-        admin.script_flush()
-        assert (await store.aclaim("other")).state is NEW  # refused, sent again: claim cached
-        await store.arelease(first)  # not written yet: the next turn writes it with the claim
-        retry = await store.aclaim("evt")
-        assert retry.state is NEW
-        await store.acommit(retry)
-        assert (await store.aclaim("evt")).state is DUPLICATE
-        assert admin.get(prefix + "evt") == b"d"
-    finally:
-        await store.aclose()
-        _drop_prefix(admin, prefix)
-        admin.close()
+    store, admin, prefix = live.store, live.admin, live.prefix
+    first = await store.aclaim("evt")
+    admin.script_flush()
+    assert (await store.aclaim("other")).state is NEW  # refused, sent again: claim cached
+    await store.arelease(first)  # not written yet: the next turn writes it with the claim
+    retry = await store.aclaim("evt")
+    assert retry.state is NEW
+    await store.acommit(retry)
+    assert (await store.aclaim("evt")).state is DUPLICATE
+    assert admin.get(prefix + "evt") == b"d"
 
 
 @pytest.mark.anyio
-async def test_redis_async_calls_are_pipelined_and_commits_land_by_close(redis_url: str) -> None:
+async def test_redis_async_calls_are_pipelined_and_commits_land_by_close(live: LiveStore) -> None:
     """Many tasks at once share the one connection; every reply reaches its own caller."""
-    prefix = _redis_prefix()
-    admin = redis.Redis.from_url(redis_url)
-    store = RedisDedupe(url=redis_url, prefix=prefix)
+    store, admin, prefix = live.store, live.admin, live.prefix
     ids = [f"evt-{i}" for i in range(300)]
-    try:
-        claims = await _gather([store.aclaim(event_id) for event_id in ids])
-        assert [c.state for c in claims] == [NEW] * len(ids)
-        assert [c.event_id for c in claims] == ids
-        again = await _gather([store.aclaim(event_id) for event_id in ids[:50]])
-        assert {c.state for c in again} == {IN_PROGRESS}
-        await _gather([store.acommit(claim) for claim in claims[:150]])
-        await _gather([store.arelease(claim) for claim in claims[150:]])
-        await store.aclose()  # reads what is unanswered before it lets go
-        values = admin.mget([prefix + event_id for event_id in ids])
-        assert values == [b"d"] * 150 + [None] * 150
-        assert (await store.aclaim(ids[0])).state is DUPLICATE  # a closed store opens again
-    finally:
-        await store.aclose()
-        _drop_prefix(admin, prefix)
-        admin.close()
+    claims = await _gather([store.aclaim(event_id) for event_id in ids])
+    assert [c.state for c in claims] == [NEW] * len(ids)
+    assert [c.event_id for c in claims] == ids
+    again = await _gather([store.aclaim(event_id) for event_id in ids[:50]])
+    assert {c.state for c in again} == {IN_PROGRESS}
+    await _gather([store.acommit(claim) for claim in claims[:150]])
+    await _gather([store.arelease(claim) for claim in claims[150:]])
+    await store.aclose()  # reads what is unanswered before it lets go
+    values = admin.mget([prefix + event_id for event_id in ids])
+    assert values == [b"d"] * 150 + [None] * 150
+    assert (await store.aclaim(ids[0])).state is DUPLICATE  # a closed store opens again
 
 
 @pytest.mark.anyio
