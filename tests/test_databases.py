@@ -1,0 +1,56 @@
+"""The test databases (``tests.databases``): a pooled schema comes back without the last test's
+rows, a schema a test reshaped is never handed out again, a SQLite copy is migrated."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import sqlalchemy as sa
+
+from tests.databases import migrated_schema, migrated_sqlite
+from usp_workers.engine.keys import rotate
+from usp_workers.settings import Settings
+from usp_workers.storage.db import make_engine, session, upgrade
+
+
+def _keys(url: str) -> int:
+    """The signing keys the database held; it holds one more after."""
+    engine = make_engine(url)
+    try:
+        with engine.connect() as connection:
+            held = int(connection.execute(sa.text("SELECT count(*) FROM usp_signing_keys")).scalar_one())
+        with session(engine) as s:
+            rotate(s, Settings(_env_file=None, key_store_path=None))
+            s.commit()
+        return held
+    finally:
+        engine.dispose()
+
+
+def test_a_pooled_schema_comes_back_empty_and_a_reshaped_one_is_dropped(postgres_url: str) -> None:
+    with migrated_schema(postgres_url, upgrade) as first:
+        assert _keys(first) == 0
+        assert _keys(first) == 1
+    with migrated_schema(postgres_url, upgrade) as again:
+        assert again == first, "the same schema, reused"
+        assert _keys(again) == 0, "the last test's keys are gone"
+        engine = sa.create_engine(again)
+        with engine.begin() as connection:
+            connection.execute(sa.text("DROP TABLE usp_attempts"))
+        engine.dispose()
+    with migrated_schema(postgres_url, upgrade) as fresh:
+        assert fresh != first
+        assert _keys(fresh) == 0
+    schema = str(sa.make_url(first).query["options"]).removeprefix("-csearch_path=")
+    admin = sa.create_engine(postgres_url)
+    with admin.connect() as connection:
+        assert connection.execute(sa.text("SELECT to_regnamespace(:s)"), {"s": schema}).scalar() is None
+    admin.dispose()
+
+
+def test_a_sqlite_copy_is_migrated_and_its_own(tmp_path: Path) -> None:
+    one = migrated_sqlite(tmp_path / "one.sqlite3", upgrade)
+    two = migrated_sqlite(tmp_path / "two.sqlite3", upgrade)
+    assert _keys(one) == 0
+    assert _keys(one) == 1
+    assert _keys(two) == 0, "a copy of its own"
