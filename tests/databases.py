@@ -1,11 +1,12 @@
-"""Migrated databases for tests, migrated once per process and handed out empty.
+"""Migrated databases for tests, migrated once per process and handed out as new.
 
-Running the migrations is most of a database test's set-up (0.15-0.3 s a chain on SQLite, about as
-much on PostgreSQL, for ~2,000 tests). So each test process migrates once per chain: a SQLite test
-gets a copy of a migrated template file; a PostgreSQL test gets a migrated schema from a pool, its
-rows deleted and sequences restarted before it is handed out again. A schema whose shape a test
-changed (a downgrade, a dropped table) is dropped instead of reused, and tests that need an empty
-database (the first migration itself) still ask ``tests.postgres.fresh_schema`` for one.
+Running the migrations (and seeding the demo catalog) is most of a database test's set-up: 0.15-0.3 s
+a chain on SQLite, about as much on PostgreSQL, for ~2,000 tests. So each test process migrates
+once per ``migrate`` function: a SQLite test gets a copy of a template file it made; a PostgreSQL
+test a schema from a pool, reset before it is handed out again (the test's rows deleted, the rows
+``migrate`` added copied back from a pristine schema, sequences put back). A schema whose shape a
+test changed (a downgrade, a dropped table) is dropped instead of reused, and tests that need an
+empty database (the first migration itself) still ask ``tests.postgres.fresh_schema`` for one.
 """
 
 from __future__ import annotations
@@ -58,23 +59,29 @@ class _Pool:
 
     base_url: str
     migrate: Migrate
-    #: One connection on the base URL, kept for the session: creating, emptying, dropping.
+    #: One connection on the base URL, kept for the session: creating, resetting, dropping.
     admin: Engine
     free: list[str] = field(default_factory=list)
-    #: What a freshly migrated schema looks like (relations, columns, chain revisions).
+    #: A schema as ``migrate`` left it, never handed out: the rows (if any) every schema starts with.
+    pristine: str = ""
+    #: What the pristine schema looks like (relations, columns, chain revisions).
     shape: str = ""
     #: Its tables but the chains' version tables, children before parents.
     tables: tuple[str, ...] = ()
+    #: Of those, the ones ``migrate`` put rows in (a seeded catalog), parents before children.
+    seeded: tuple[str, ...] = ()
+    sequences: tuple[str, ...] = ()
 
 
 @contextmanager
 def migrated_schema(base_url: str, migrate: Migrate) -> Iterator[str]:
-    """A URL on ``base_url``'s database whose connections use a migrated schema of no rows."""
+    """A URL on ``base_url``'s database whose connections use a schema as ``migrate`` leaves a new
+    one: migrated, holding only the rows ``migrate`` adds."""
     key = (base_url, _name(migrate))
     if key not in _pools:
-        _pools[key] = _Pool(base_url, migrate, sa.create_engine(base_url, poolclass=sa.pool.StaticPool))
+        _pools[key] = _new_pool(base_url, migrate)
     pool = _pools[key]
-    schema = _reused(pool) or _new_schema(pool)
+    schema = _reused(pool) or _migrated(pool)
     try:
         yield schema_url(base_url, schema)
     finally:
@@ -84,64 +91,79 @@ def migrated_schema(base_url: str, migrate: Migrate) -> Iterator[str]:
 def drop_pooled_schemas() -> None:
     """Drop the schemas this process kept (at the end of the session)."""
     for pool in _pools.values():
-        while pool.free:
-            drop_schema(pool.admin, pool.free.pop())
+        for schema in [*pool.free, pool.pristine]:
+            drop_schema(pool.admin, schema)
         pool.admin.dispose()
     _pools.clear()
 
 
-def _new_schema(pool: _Pool) -> str:
-    admin = pool.admin
-    schema = create_schema(admin)
+def _new_pool(base_url: str, migrate: Migrate) -> _Pool:
+    pool = _Pool(base_url, migrate, sa.create_engine(base_url, poolclass=sa.pool.StaticPool))
+    pool.pristine = _migrated(pool)
+    with pool.admin.connect() as connection:
+        pool.shape = _shape(connection, pool.pristine)
+        metadata = sa.MetaData(schema=pool.pristine)
+        metadata.reflect(connection)
+        tables = [table for table in metadata.sorted_tables if not table.name.startswith("alembic_version")]
+        pool.tables = tuple(table.name for table in reversed(tables))
+        pool.seeded = tuple(
+            table.name
+            for table in tables
+            if connection.execute(sa.select(sa.literal(1)).select_from(table).limit(1)).first()
+        )
+        pool.sequences = tuple(
+            connection.scalars(
+                sa.text("SELECT sequencename FROM pg_sequences WHERE schemaname = :s"), {"s": pool.pristine}
+            )
+        )
+    return pool
+
+
+def _migrated(pool: _Pool) -> str:
+    schema = create_schema(pool.admin)
     engine = sa.create_engine(schema_url(pool.base_url, schema))
     try:
         pool.migrate(engine)
     finally:
         engine.dispose()
-    if not pool.shape:
-        with admin.connect() as connection:
-            pool.shape = _shape(connection, schema)
-            metadata = sa.MetaData(schema=schema)
-            metadata.reflect(connection)
-            pool.tables = tuple(
-                table.name
-                for table in reversed(metadata.sorted_tables)
-                if not table.name.startswith("alembic_version")
-            )
     return schema
 
 
 def _reused(pool: _Pool) -> str | None:
-    """A schema the last test used, emptied now rather than when that test ended: a thread of it
+    """A schema the last test used, reset now rather than when that test ended: a thread of it
     that wrote late (after its teardown) cannot leave rows for the next test."""
     while pool.free:
         schema = pool.free.pop()
-        if _emptied(pool, schema):
+        if _reset(pool, schema):
             return schema
         drop_schema(pool.admin, schema)
     return None
 
 
-def _emptied(pool: _Pool, schema: str) -> bool:
-    """Delete the rows a test left and restart the sequences, if the schema still has the shape
-    of a freshly migrated one; whether it may be handed out again."""
-    admin = pool.admin
-    quote = admin.dialect.identifier_preparer.format_table
+def _reset(pool: _Pool, schema: str) -> bool:
+    """Put back the pristine schema's rows and sequences in place of the test's, if the schema
+    still has the pristine one's shape; whether it may be handed out again."""
+    quote = pool.admin.dialect.identifier_preparer.format_table
+
+    def here(name: str) -> str:
+        return quote(sa.table(name, schema=schema))
+
+    def there(name: str) -> str:
+        return quote(sa.table(name, schema=pool.pristine))
+
     # Quoted names from the catalog, in one round trip.
-    deletes = "; ".join(f"DELETE FROM {quote(sa.table(name, schema=schema))}" for name in pool.tables)  # noqa: S608
+    script = [f"DELETE FROM {here(name)}" for name in pool.tables]  # noqa: S608
+    script += [f"INSERT INTO {here(name)} SELECT * FROM {there(name)}" for name in pool.seeded]  # noqa: S608
+    script += [
+        f"SELECT setval('{here(name)}', last_value, is_called) FROM {there(name)}"  # noqa: S608
+        for name in pool.sequences
+    ]
     try:
-        with admin.begin() as connection:
+        with pool.admin.begin() as connection:
             connection.exec_driver_sql(f"SET LOCAL lock_timeout = '{CLEAR_LOCK_TIMEOUT}'")
             if _shape(connection, schema) != pool.shape:
                 return False
-            connection.exec_driver_sql(deletes)
-            connection.execute(
-                sa.text(
-                    "SELECT setval(s.seqrelid, s.seqstart, false) FROM pg_sequence s"
-                    " JOIN pg_class c ON c.oid = s.seqrelid WHERE c.relnamespace = to_regnamespace(:s)"
-                ),
-                {"s": f'"{schema}"'},
-            )
+            connection.exec_driver_sql("; ".join(script))
     except sa.exc.DBAPIError:
         return False
     return True

@@ -54,3 +54,20 @@ def test_a_sqlite_copy_is_migrated_and_its_own(tmp_path: Path) -> None:
     assert _keys(one) == 0
     assert _keys(one) == 1
     assert _keys(two) == 0, "a copy of its own"
+
+
+def _with_a_key(engine: sa.Engine) -> None:
+    """Migrate, and add a row: what a seeding ``migrate`` (the dispatcher's demo catalog) does."""
+    upgrade(engine)
+    with session(engine) as s:
+        rotate(s, Settings(_env_file=None, key_store_path=None))
+        s.commit()
+
+
+def test_the_rows_migrate_added_are_there_each_time_and_only_they(postgres_url: str, tmp_path: Path) -> None:
+    for _ in range(2):
+        with migrated_schema(postgres_url, _with_a_key) as url:
+            assert _keys(url) == 1, "the seeded key, and not the one the last use added"
+            assert _keys(url) == 2
+    copy = migrated_sqlite(tmp_path / "copy.sqlite3", _with_a_key)
+    assert _keys(copy) == 1

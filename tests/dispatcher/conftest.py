@@ -23,6 +23,8 @@ from tests.postgres import fresh_schema
 from tests.servers import running
 from usp_dispatcher import database
 from usp_dispatcher.api.app import create_app
+from usp_dispatcher.domain.seed import ensure_demo_catalog
+from usp_dispatcher.ucap.seed import ensure_demo_content
 from usp_workers.settings import Settings
 from usp_workers.storage import db
 
@@ -36,16 +38,25 @@ Serve = Callable[[Any], str]
 
 @pytest.fixture(params=["sqlite", "postgresql"])
 def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
-    """A migrated database of no rows: a SQLite file, or a PostgreSQL schema of its own. Marked
-    ``empty_database``, a test gets one with no tables (it tests the migrations themselves)."""
+    """A database as the API's first start leaves it (``installed``): a SQLite file, or a
+    PostgreSQL schema of its own. Marked ``empty_database``, a test gets one with no tables (it
+    tests the migrations, or a start that seeds nothing)."""
     empty = request.node.get_closest_marker("empty_database") is not None
     if request.param == "sqlite":
         path = tmp_path / "usp.sqlite3"
-        yield f"sqlite:///{path}" if empty else migrated_sqlite(path, database.upgrade)
+        yield f"sqlite:///{path}" if empty else migrated_sqlite(path, installed)
         return
     postgres_url = request.getfixturevalue("postgres_url")
-    with fresh_schema(postgres_url) if empty else migrated_schema(postgres_url, database.upgrade) as url:
+    with fresh_schema(postgres_url) if empty else migrated_schema(postgres_url, installed) as url:
         yield url
+
+
+def installed(engine: Engine) -> None:
+    """What the API's first start with the default settings does to a database, but for the signing
+    key (each test's app makes its own): both chains migrated, the demo catalog and content seeded."""
+    database.upgrade(engine)
+    ensure_demo_catalog(engine)
+    ensure_demo_content(engine)
 
 
 @pytest.fixture

@@ -88,6 +88,7 @@ def test_catalog_and_availability_are_public(client: TestClient) -> None:
     assert first["start"].endswith(("-04:00", "-05:00"))  # New York time
 
 
+@pytest.mark.empty_database
 def test_demo_catalog_can_be_turned_off(make_client: MakeClient) -> None:
     """An existing deployment that upgrades must not grow demo services it never asked for."""
     catalog = make_client(seed_demo_catalog=False).get("/services/catalog")

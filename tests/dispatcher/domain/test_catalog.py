@@ -28,6 +28,7 @@ from usp_workers.storage import db
 from usp_workers.storage.models import EventRecord
 
 
+@pytest.mark.empty_database
 def test_list_catalog_shows_active_services_by_name(catalog: Catalog) -> None:
     services = call(catalog.engine, list_catalog)
     assert [s.name for s in services] == ["Cut", "Yoga"]
@@ -198,6 +199,7 @@ def slot_ids(engine: Engine) -> list[str]:
         return list(session.exec(select(SlotRow.id).order_by(col(SlotRow.id))).all())
 
 
+@pytest.mark.empty_database
 def test_seed_is_idempotent_and_silent(migrated: Engine) -> None:
     assert call(migrated, lambda s: seed_demo_catalog(s, now=NOW)) == len(DEMO_SERVICES)
     first = slot_ids(migrated)
@@ -211,6 +213,7 @@ def test_seed_is_idempotent_and_silent(migrated: Engine) -> None:
     assert count(migrated, EventRecord) == 0  # the demo catalog is not news
 
 
+@pytest.mark.empty_database
 def test_seeded_catalog_is_bookable(migrated: Engine) -> None:
     call(migrated, lambda s: seed_demo_catalog(s, now=NOW))
     services = {s.id: s for s in call(migrated, list_catalog)}
@@ -229,6 +232,7 @@ def test_seeded_catalog_is_bookable(migrated: Engine) -> None:
     assert len(found.slots) == 8
 
 
+@pytest.mark.empty_database
 def test_seed_leaves_an_existing_catalog_alone(catalog: Catalog) -> None:
     assert call(catalog.engine, lambda s: seed_demo_catalog(s, now=NOW)) == 0
     assert count(catalog.engine, ServiceRow) == 2
