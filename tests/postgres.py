@@ -1,5 +1,6 @@
-"""PostgreSQL for tests: each test gets a schema of its own, dropped after, and the system
-catalogs those schemas churn through are vacuumed as the run goes."""
+"""PostgreSQL schemas for tests: new ones, dropped after (``fresh_schema``; the pool of migrated
+ones in ``tests.databases`` is built on these), and the system catalogs they churn through
+vacuumed as the run goes."""
 
 from __future__ import annotations
 
