@@ -132,7 +132,7 @@ def mcp() -> None:
 @app.command()
 def worker(
     concurrency: Annotated[
-        int | None, typer.Option(min=1, help="Batches run at once (threads; default 8).")
+        int | None, typer.Option(min=1, help="Batches run at once (threads; default 32).")
     ] = None,
 ) -> None:
     """Run a delivery worker (Celery, threads pool) until SIGTERM or Ctrl-C."""

@@ -81,3 +81,11 @@ def test_help_lists_the_commands() -> None:
     assert result.exit_code == 0
     for command in ("migrate", "api", "keys"):
         assert command in result.output
+
+
+def test_worker_help_gives_the_default_concurrency_the_worker_runs_with() -> None:
+    from usp_workers.runtime.worker import DEFAULT_CONCURRENCY
+
+    result = CliRunner().invoke(cli.app, ["worker", "--help"], env={"COLUMNS": "200"})
+    assert result.exit_code == 0
+    assert f"default {DEFAULT_CONCURRENCY})" in result.output
