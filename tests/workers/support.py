@@ -33,7 +33,6 @@ from usp_schemas import BOOKING_CONFIRMED_EXAMPLE, new_event_id
 from usp_workers.engine.keys import published_jwks
 from usp_workers.engine.outbox import emit
 from usp_workers.runtime.celery_app import QUEUE, make_celery
-from usp_workers.runtime.worker import worker_argv
 from usp_workers.settings import Settings
 from usp_workers.storage.db import session
 from usp_workers.storage.models import Attempt, Delivery, DeliveryStatus, Subscription, Transport, utcnow
@@ -406,16 +405,20 @@ class ServiceProcess:
 
 
 class WorkerProcess(ServiceProcess):
-    """``celery -A usp_workers.runtime.celery_app worker`` (threads pool), exactly as deployed."""
+    """A delivery worker (threads pool) as ``usp-webhooks worker`` runs it
+    (:func:`usp_workers.runtime.worker.run_worker`), without the dispatcher's CLI. ``celery -A
+    usp_workers.runtime.celery_app worker`` is tested in ``tests/workers/runtime/test_logs.py``."""
 
     ready_marker = " ready."
 
     def __init__(
         self, pipeline: Pipeline, name: str, concurrency: int | None = None, env: dict[str, str] | None = None
     ) -> None:
-        command = [sys.executable, "-m", "celery", "-A", "usp_workers.runtime.celery_app"]
-        node = f"{name}-{uuid.uuid4().hex[:8]}"  # one node name per worker (see worker_argv)
-        super().__init__(pipeline, name, command + worker_argv(concurrency=concurrency, node=node), env)
+        script = (
+            "from usp_workers.runtime.worker import run_worker; from usp_workers.settings import "
+            f"WorkerSettings; run_worker(WorkerSettings(), concurrency={concurrency!r})"
+        )
+        super().__init__(pipeline, name, [sys.executable, "-c", script], env)
 
     def diagnose(self) -> str:
         """The output, after asking a live worker for a traceback of every thread (Celery dumps

@@ -9,6 +9,7 @@ import logging
 import re
 import sys
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -37,6 +38,7 @@ from usp_workers.engine.delivery import deliver_batch
 from usp_workers.engine.outbox import emit
 from usp_workers.runtime import tasks
 from usp_workers.runtime.logs import JsonFormatter, configure_logging, redact
+from usp_workers.runtime.worker import worker_argv
 from usp_workers.storage.db import session
 from usp_workers.storage.models import Delivery, DeliveryStatus, SigningKeyRecord, utcnow
 
@@ -188,23 +190,23 @@ def test_json_format_puts_one_object_per_line_on_the_root_logger(make_settings: 
         root.setLevel(saved[1])
 
 
-class JsonWorker(ServiceProcess):
-    """``usp-webhooks worker`` as the CLI runs it (:func:`usp_workers.runtime.worker.run_worker`)."""
+class CeleryCommandWorker(ServiceProcess):
+    """``celery -A usp_workers.runtime.celery_app worker``, as a deployment may start it (every
+    other test's worker runs as ``usp-webhooks worker`` does, through ``run_worker``)."""
 
     ready_marker = " ready."
 
     def __init__(self, pipeline: Pipeline) -> None:
-        script = (
-            "from usp_workers.settings import Settings; from usp_workers.runtime.worker import run_worker; "
-            "run_worker(Settings(), concurrency=2)"
-        )
-        super().__init__(pipeline, "json-worker", [sys.executable, "-c", script])
+        command = [sys.executable, "-m", "celery", "-A", "usp_workers.runtime.celery_app"]
+        super().__init__(pipeline, "celery-json-worker", command + worker_argv(node=uuid.uuid4().hex[:8]))
 
 
 @pytest.fixture
-def start_json_worker(pipeline: Pipeline, _children: list[ServiceProcess]) -> Callable[[], JsonWorker]:
-    def start() -> JsonWorker:
-        worker = JsonWorker(pipeline)
+def start_celery_command_worker(
+    pipeline: Pipeline, _children: list[ServiceProcess]
+) -> Callable[[], CeleryCommandWorker]:
+    def start() -> CeleryCommandWorker:
+        worker = CeleryCommandWorker(pipeline)
         _children.append(worker)
         return worker
 
@@ -216,11 +218,11 @@ def test_a_real_worker_logs_json_lines_with_ids_and_no_secret(
     pipeline: Pipeline,
     endpoints: Endpoints,
     hub: Hub,
-    start_json_worker: Callable[[], JsonWorker],
+    start_worker: StartWorker,
 ) -> None:
     pipeline.fields |= {"log_format": "json", "admin_token": ADMIN_TOKEN, "retry_schedule": (0.2,)}
     subscription_id = subscribe(pipeline.engine, endpoints.add("failing", Answer(500)))
-    worker = start_json_worker()
+    worker = start_worker("json-worker", concurrency=2)
     worker.wait_ready()
     tasks.install_enqueuer(pipeline.settings)
     event_id = emit_events(pipeline.engine, 1)[0]
@@ -252,14 +254,17 @@ def test_a_real_worker_logs_json_lines_with_ids_and_no_secret(
 
 @pytest.mark.parametrize("pipeline", [("redis", "sqlite")], indirect=True, ids=["redis-sqlite"])
 def test_a_celery_started_worker_logs_json_too(
-    pipeline: Pipeline, endpoints: Endpoints, hub: Hub, start_worker: StartWorker
+    pipeline: Pipeline,
+    endpoints: Endpoints,
+    hub: Hub,
+    start_celery_command_worker: Callable[[], CeleryCommandWorker],
 ) -> None:
     """``celery -A usp_workers.runtime.celery_app worker``, as deployed and as the benchmarks start it:
     no ``run_worker`` in between, only ``USP_LOG_FORMAT=json`` in its environment."""
     pipeline.fields |= {"log_format": "json", "admin_token": ADMIN_TOKEN}
     # 410: one try, logged as a warning (successes are DEBUG lines, below the worker's INFO).
     subscription_id = subscribe(pipeline.engine, endpoints.add("gone", Answer(410)))
-    worker = start_worker("celery-json-worker")
+    worker = start_celery_command_worker()
     worker.wait_ready()
     tasks.install_enqueuer(pipeline.settings)
     event_id = emit_events(pipeline.engine, 1)[0]
