@@ -78,9 +78,9 @@ def run_worker(
     deliveries held then come back when their leases expire).
 
     The worker is built with ``Celery.Worker``, as ``celery worker`` builds it, without going
-    through Celery's command line: that imports every ``celery`` subcommand (``celery shell``'s
-    prompt_toolkit among them), a third of a second of CPU at each start (measured: 1.95 → 1.4
-    s to "ready").
+    through Celery's command line, which imports every ``celery`` subcommand (``celery shell``'s
+    prompt_toolkit among them). CPU to "ready", 2 cores: 1.95 → 1.4 s where nothing is compiled
+    ahead and PYTHONDONTWRITEBYTECODE is set, 0.92 → 0.89 s with the imports compiled.
     """
     configure_logging(settings, level=loglevel)  # the lines before Celery's (make_celery hooks those)
     logger.info(
