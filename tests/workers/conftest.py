@@ -10,8 +10,9 @@ signing keys, a controllable clock, settings fit for tests.
   its own paths on it, and ``hub.seen(path)`` shows every request that reached a path.
   ``serve_hub()`` starts another one (another port: another endpoint, with its own
   per-endpoint concurrency bound), stopped when the test ends.
-* ``pipeline`` is the real-process pipeline: a database (SQLite file or PostgreSQL schema), a
-  broker (Redis database 11, held under a lock, or the embedded SQLite broker) and the settings
+* ``pipeline`` is the real-process pipeline: a database as ``database`` gives (from the same
+  per-process templates and schema pool), a broker (this test process's Redis database, held
+  under a lock; RabbitMQ; or the embedded SQLite broker) and the settings
   its children read from their environment; ``start_worker`` and ``start_relay`` start Celery
   worker and scheduler subprocesses, stopped (and their output printed) at the end.
 """
@@ -28,7 +29,6 @@ import pytest
 import redis
 from sqlalchemy.engine import Engine
 
-from tests.databases import migrated_schema, migrated_sqlite
 from tests.servers import serving
 from tests.workers.endpoints import Hub
 from tests.workers.support import (
@@ -51,7 +51,7 @@ from usp_workers.engine.keys import ensure_signing_key, published_jwks
 from usp_workers.engine.transport import make_client
 from usp_workers.runtime import tasks
 from usp_workers.settings import Settings
-from usp_workers.storage.db import make_engine, session, upgrade
+from usp_workers.storage.db import make_engine, session
 
 MakeSettings = Callable[..., Settings]
 
@@ -63,10 +63,7 @@ MakeSettings = Callable[..., Settings]
 def database(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Engine]:
     """An engine on an empty, migrated database of its own: SQLite file or PostgreSQL schema."""
     with ExitStack() as stack:
-        if request.param == "sqlite":
-            url = migrated_sqlite(tmp_path / "usp.sqlite3", upgrade)
-        else:
-            url = stack.enter_context(migrated_schema(request.getfixturevalue("postgres_url"), upgrade))
+        url = stack.enter_context(pipeline_database(request, request.param, tmp_path))
         engine = make_engine(url)
         stack.callback(engine.dispose)
         yield engine
@@ -212,7 +209,6 @@ def pipeline(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Pipelin
         }
         engine = make_engine(url)
         try:
-            upgrade(engine)
             pipeline = Pipeline(fields, engine, tmp_path, broker_kind, client, lock)
             with session(engine) as s:
                 ensure_signing_key(s, pipeline.settings)

@@ -26,7 +26,7 @@ from redis.lock import Lock
 from sqlalchemy.engine import Engine
 from sqlmodel import Session, col, func, select
 
-from tests.postgres import fresh_schema
+from tests.databases import migrated_schema, migrated_sqlite
 from tests.workers.endpoints import App, Hub
 from usp_receiver import JWKS
 from usp_schemas import BOOKING_CONFIRMED_EXAMPLE, new_event_id
@@ -34,7 +34,7 @@ from usp_workers.engine.keys import published_jwks
 from usp_workers.engine.outbox import emit
 from usp_workers.runtime.celery_app import QUEUE, make_celery
 from usp_workers.settings import Settings
-from usp_workers.storage.db import session
+from usp_workers.storage.db import session, upgrade
 from usp_workers.storage.models import Attempt, Delivery, DeliveryStatus, Subscription, Transport, utcnow
 
 
@@ -311,11 +311,12 @@ def empty(client: redis.Redis) -> None:
 
 @contextmanager
 def pipeline_database(request: pytest.FixtureRequest, kind: str, folder: Path) -> Iterator[str]:
-    """A fresh database URL: a SQLite file, or a PostgreSQL schema (dropped afterwards)."""
+    """The URL of a migrated database holding no rows: a SQLite file in ``folder``, or a
+    PostgreSQL schema (both from ``tests.databases``: migrated once per process)."""
     if kind == "sqlite":
-        yield f"sqlite:///{folder / 'usp.sqlite3'}"
+        yield migrated_sqlite(folder / "usp.sqlite3", upgrade)
         return
-    with fresh_schema(request.getfixturevalue("postgres_url")) as url:
+    with migrated_schema(request.getfixturevalue("postgres_url"), upgrade) as url:
         yield url
 
 
