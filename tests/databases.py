@@ -19,12 +19,13 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import pytest
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 from tests.postgres import create_schema, drop_schema, schema_url
 
-__all__ = ["Migrate", "drop_pooled_schemas", "migrated_schema", "migrated_sqlite"]
+__all__ = ["Migrate", "drop_pooled_schemas", "migrated_database", "migrated_schema", "migrated_sqlite"]
 
 #: Brings an empty database to the head of one or more migration chains.
 Migrate = Callable[[Engine], object]
@@ -34,6 +35,20 @@ CLEAR_LOCK_TIMEOUT = "2s"
 
 _templates: dict[str, Path] = {}
 _pools: dict[tuple[str, str], _Pool] = {}
+
+
+@contextmanager
+def migrated_database(
+    request: pytest.FixtureRequest, kind: str, folder: Path, migrate: Migrate
+) -> Iterator[str]:
+    """The URL of a database as ``migrate`` leaves a new one, for a test on ``kind``
+    (``"sqlite"`` or ``"postgresql"``): a SQLite file in ``folder``, or a pooled schema on the
+    ``postgres_url`` fixture's server."""
+    if kind == "sqlite":
+        yield migrated_sqlite(folder / "usp.sqlite3", migrate)
+        return
+    with migrated_schema(request.getfixturevalue("postgres_url"), migrate) as url:
+        yield url
 
 
 def migrated_sqlite(path: Path, migrate: Migrate) -> str:

@@ -18,7 +18,7 @@ from fastapi.testclient import TestClient
 from pydantic import SecretStr
 from sqlalchemy.engine import Engine
 
-from tests.databases import migrated_schema, migrated_sqlite
+from tests.databases import migrated_database
 from tests.postgres import fresh_schema
 from tests.servers import running
 from usp_dispatcher import database
@@ -41,14 +41,14 @@ def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str
     """A database as the API's first start leaves it (``installed``): a SQLite file, or a
     PostgreSQL schema of its own. Marked ``empty_database``, a test gets one with no tables (it
     tests the migrations, or a start that seeds nothing)."""
-    empty = request.node.get_closest_marker("empty_database") is not None
-    if request.param == "sqlite":
-        path = tmp_path / "usp.sqlite3"
-        yield f"sqlite:///{path}" if empty else migrated_sqlite(path, installed)
-        return
-    postgres_url = request.getfixturevalue("postgres_url")
-    with fresh_schema(postgres_url) if empty else migrated_schema(postgres_url, installed) as url:
-        yield url
+    if request.node.get_closest_marker("empty_database") is None:
+        with migrated_database(request, request.param, tmp_path, installed) as url:
+            yield url
+    elif request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'usp.sqlite3'}"
+    else:
+        with fresh_schema(request.getfixturevalue("postgres_url")) as url:
+            yield url
 
 
 def installed(engine: Engine) -> None:

@@ -29,6 +29,7 @@ import pytest
 import redis
 from sqlalchemy.engine import Engine
 
+from tests.databases import migrated_database
 from tests.servers import serving
 from tests.workers.endpoints import Hub
 from tests.workers.support import (
@@ -42,7 +43,6 @@ from tests.workers.support import (
     WorkerProcess,
     amqp_exclusive,
     exclusive,
-    pipeline_database,
     redis_db_url,
 )
 from usp_receiver import JWKS
@@ -51,7 +51,7 @@ from usp_workers.engine.keys import ensure_signing_key, published_jwks
 from usp_workers.engine.transport import make_client
 from usp_workers.runtime import tasks
 from usp_workers.settings import Settings
-from usp_workers.storage.db import make_engine, session
+from usp_workers.storage.db import make_engine, session, upgrade
 
 MakeSettings = Callable[..., Settings]
 
@@ -63,7 +63,7 @@ MakeSettings = Callable[..., Settings]
 def database(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Engine]:
     """An engine on an empty, migrated database of its own: SQLite file or PostgreSQL schema."""
     with ExitStack() as stack:
-        url = stack.enter_context(pipeline_database(request, request.param, tmp_path))
+        url = stack.enter_context(migrated_database(request, request.param, tmp_path, upgrade))
         engine = make_engine(url)
         stack.callback(engine.dispose)
         yield engine
@@ -193,7 +193,7 @@ def pipeline(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Pipelin
             stack.enter_context(amqp_exclusive(request.getfixturevalue("redis_url"), broker))
         else:
             broker = f"sqla+sqlite:///{tmp_path / 'broker.sqlite3'}"
-        url = stack.enter_context(pipeline_database(request, database_kind, tmp_path))
+        url = stack.enter_context(migrated_database(request, database_kind, tmp_path, upgrade))
         fields: dict[str, Any] = {
             "database_url": url,
             "broker_url": broker,

@@ -26,7 +26,6 @@ from redis.lock import Lock
 from sqlalchemy.engine import Engine
 from sqlmodel import Session, col, func, select
 
-from tests.databases import migrated_schema, migrated_sqlite
 from tests.workers.endpoints import App, Hub
 from usp_receiver import JWKS
 from usp_schemas import BOOKING_CONFIRMED_EXAMPLE, new_event_id
@@ -34,7 +33,7 @@ from usp_workers.engine.keys import published_jwks
 from usp_workers.engine.outbox import emit
 from usp_workers.runtime.celery_app import QUEUE, make_celery
 from usp_workers.settings import Settings
-from usp_workers.storage.db import session, upgrade
+from usp_workers.storage.db import session
 from usp_workers.storage.models import Attempt, Delivery, DeliveryStatus, Subscription, Transport, utcnow
 
 
@@ -307,17 +306,6 @@ def empty(client: redis.Redis) -> None:
     for key in client.scan_iter(count=1000):
         if key != REDIS_LOCK.encode():
             client.delete(key)
-
-
-@contextmanager
-def pipeline_database(request: pytest.FixtureRequest, kind: str, folder: Path) -> Iterator[str]:
-    """The URL of a migrated database holding no rows: a SQLite file in ``folder``, or a
-    PostgreSQL schema (both from ``tests.databases``: migrated once per process)."""
-    if kind == "sqlite":
-        yield migrated_sqlite(folder / "usp.sqlite3", upgrade)
-        return
-    with migrated_schema(request.getfixturevalue("postgres_url"), upgrade) as url:
-        yield url
 
 
 class ServiceProcess:
