@@ -360,15 +360,20 @@ class ServiceProcess:
             self._signal_group(signal.SIGKILL)
             self.process.wait(10)
 
-    def kill_while(self, holds: Callable[[], bool], timeout: float = 60.0) -> None:
-        """SIGKILL it at a moment ``holds()`` is true of it: the group is stopped (SIGSTOP) before
-        each look, so what was seen cannot finish between the look and the kill."""
+    def kill_holding(self, held: Callable[[], int], at_least: int, timeout: float = 60.0) -> int:
+        """SIGKILL it at a moment ``held()`` counts at least ``at_least`` of its claims; return the
+        count. The group is stopped (SIGSTOP) before each look, and a look that finds enough is
+        made again 50 ms later before the kill: a commit the worker had sent just before it
+        stopped (a whole batch's record) still lands, and must not be counted as held."""
         deadline = time.monotonic() + timeout
         while True:
             self._signal_group(signal.SIGSTOP)
-            if holds():
-                self.kill()
-                return
+            if held() >= at_least:
+                time.sleep(0.05)
+                count = held()
+                if count >= at_least:
+                    self.kill()
+                    return count
             self._signal_group(signal.SIGCONT)
             if time.monotonic() > deadline:
                 pytest.fail(f"{self.name}: the moment to kill it never came in {timeout} s:\n{self.output()}")

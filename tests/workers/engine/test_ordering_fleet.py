@@ -109,7 +109,7 @@ def test_four_workers_keep_every_subjects_order_through_failures_and_a_kill(
     emit_rounds(pipeline, subjects, order)
     total = SUBJECTS * EVENTS_PER_SUBJECT
     wait_for_status(pipeline.engine, DeliveryStatus.SUCCEEDED, total // 4, 120, *diagnose)
-    workers[0].kill_while(lambda: in_flight_under_lease(pipeline.engine, 3.0) >= 5)
+    workers[0].kill_holding(lambda: in_flight_under_lease(pipeline.engine, 3.0), 5)
     at_kill = status_counts(pipeline.engine)
     wait_all_succeeded(pipeline.engine, total, 240, *diagnose[1:], relay.output)
 
