@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from datetime import timedelta
 
 import httpx
 import pytest
@@ -207,6 +208,38 @@ async def test_under_skip_a_dead_delivery_lets_its_subject_go_on(
     assert endpoint.arrived == [poison[0], after[0]]
     with database.connect() as connection:
         assert ordering.blocked_subjects(connection, sub) == []
+
+
+def test_successors_are_each_finished_subjects_head_when_it_is_pending_and_due(
+    database: Engine, endpoints: Endpoints, clock: Clock
+) -> None:
+    """What a settled ordered delivery lets go: per subject, its earliest unsettled delivery,
+    only if that one is pending and due; one head per subject, whatever else is pending behind it."""
+    ordered_subscription(database, endpoints.add("heads", ByEvent()))
+    a = [emit_for(database, "bkg_a", clock)[1] for _ in range(3)]
+    b = [emit_for(database, "bkg_b", clock)[1] for _ in range(2)]
+    c = [emit_for(database, "bkg_c", clock)[1] for _ in range(2)]
+    now = clock()
+    with session(database) as s:
+        for done in (a[0], b[0], c[0]):
+            s.get_one(Delivery, done).status = DeliveryStatus.SUCCEEDED
+        s.get_one(Delivery, b[1]).next_attempt_at = now + timedelta(seconds=30)  # its retry is not due
+        s.get_one(Delivery, c[1]).status = DeliveryStatus.IN_FLIGHT  # already taken
+        s.commit()
+
+    def handed_at() -> dict[str, object]:
+        with Session(database) as s:
+            return {d.id: d.enqueued_at for d in s.exec(select(Delivery)).all()}
+
+    before = handed_at()
+    with database.begin() as connection:
+        assert ordering.successors(connection, [a[0], b[0], c[0]], now=now, handed=True) == [a[1]]
+    assert handed_at() == before | {a[1]: now}  # the one released is marked handed, nothing else
+    with database.begin() as connection:  # not handed: left (unmarked) for the scheduler's next pass
+        assert ordering.successors(connection, [a[0]], now=now, handed=False) == [a[1]]
+        assert ordering.successors(connection, [], now=now, handed=True) == []
+    with Session(database) as s:
+        assert s.get_one(Delivery, a[1]).enqueued_at is None
 
 
 def test_an_events_place_sorts_by_time_then_id() -> None:

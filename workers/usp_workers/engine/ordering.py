@@ -85,33 +85,56 @@ def successors(connection: sa.Connection, finished: list[str], *, now: datetime,
     ``requeue_after_seconds`` have passed); without, they are left for the scheduler's next pass."""
     if not finished:
         return []
-    done, after = _deliveries.alias("done"), _deliveries.alias("after")
-    ids = list(
-        connection.execute(
-            sa.select(after.c.id)
-            .distinct()
-            .select_from(
-                done.join(
-                    after,
-                    sa.and_(
-                        after.c.subscription_id == done.c.subscription_id,
-                        after.c.subject_key == done.c.subject_key,
-                    ),
-                )
-            )
-            .where(
-                done.c.id.in_(finished),
-                done.c.subject_key.is_not(None),
-                after.c.status == DeliveryStatus.PENDING.value,
-                after.c.next_attempt_at <= now,
-                unblocked(after),
-            )
-        ).scalars()
+    marked = now if handed else None
+    rows = connection.execute(_RELEASE, {"finished": finished, "now": now, "marked": marked})
+    return sorted(rows.scalars())
+
+
+def _release() -> sa.Update:
+    """Each finished delivery's subject's head (its earliest delivery still pending, in flight, or
+    dead while the subscription blocks on dead ones), marked when it is pending and due.
+
+    Driven by the finished ids (primary key) and ``ix_usp_deliveries_subject``: one short index
+    walk per subject, whatever the planner believes of the table. The join it replaces
+    (``unblocked`` over every pending, due delivery) took 16-70 ms a call on PostgreSQL with
+    4,000 ordered deliveries, the planner starting from the status index on stale statistics.
+    """
+    done, later = _deliveries.alias("done"), _deliveries.alias("later")
+    head = (
+        sa.select(later.c.id)
+        .where(
+            later.c.subscription_id == done.c.subscription_id,
+            later.c.subject_key == done.c.subject_key,
+            sa.or_(
+                later.c.status.in_(_UNSETTLED),
+                sa.and_(
+                    later.c.status == DeliveryStatus.DEAD.value,
+                    _subscriptions.c.on_dead == OnDead.BLOCK.value,
+                ),
+            ),
+        )
+        .order_by(later.c.subject_order)
+        .limit(1)
+        .scalar_subquery()
     )
-    if ids:
-        marked = now if handed else None
-        connection.execute(sa.update(_deliveries).where(_deliveries.c.id.in_(ids)).values(enqueued_at=marked))
-    return sorted(ids)
+    heads = (
+        sa.select(head)
+        .select_from(done.join(_subscriptions, _subscriptions.c.id == done.c.subscription_id))
+        .where(done.c.id.in_(sa.bindparam("finished", expanding=True)), done.c.subject_key.is_not(None))
+    )
+    return (
+        sa.update(_deliveries)
+        .where(
+            _deliveries.c.id.in_(heads),
+            _deliveries.c.status == DeliveryStatus.PENDING.value,
+            _deliveries.c.next_attempt_at <= sa.bindparam("now"),
+        )
+        .values(enqueued_at=sa.bindparam("marked"))
+        .returning(_deliveries.c.id)
+    )
+
+
+_RELEASE = _release()
 
 
 @dataclass(frozen=True, slots=True)
