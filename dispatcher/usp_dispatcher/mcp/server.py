@@ -32,11 +32,11 @@ from usp_dispatcher.mcp.protocol import (
 from usp_dispatcher.mcp.results import envelope
 from usp_dispatcher.mcp.tools import TOOLS, TOOLS_BY_NAME, ToolCall, ToolSpec, UspMeta, read_meta
 from usp_dispatcher.mcp.ucap import call_ucap_tool
+from usp_dispatcher.text import NUL_REFUSED, contains_nul
 from usp_dispatcher.ucap.service import UcapService
 from usp_dispatcher.ucap.settings import UcapSettings
 from usp_dispatcher.ucap.tools import UCAP_TOOLS_BY_NAME
 from usp_dispatcher.ucap.tools import list_entries as ucap_tool_entries
-from usp_dispatcher.web.request_guard import NUL_REFUSED, contains_nul
 from usp_workers.engine.ssrf import Resolver
 from usp_workers.settings import ApiSettings
 from usp_workers.storage import db

@@ -1,4 +1,5 @@
-"""What every string a client sends must be before a route or a tool sees it: free of NUL.
+"""The REST API's edge: a NUL in the path, query or JSON body (``usp_dispatcher.text``), or a body
+over the size limit, is refused before a route sees it.
 
 Why it works this way: docs/architecture.md, "Notes by module", ``usp_dispatcher.web.request_guard``.
 """
@@ -12,36 +13,13 @@ from urllib.parse import unquote_to_bytes
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from usp_dispatcher.text import NUL_REFUSED, contains_nul
 from usp_dispatcher.web.problems import problem_response
 
-__all__ = ["MAX_BODY_BYTES", "NUL_REFUSED", "RefuseNul", "contains_nul"]
+__all__ = ["MAX_BODY_BYTES", "RefuseNul"]
 
 #: Largest request body the REST API takes.
 MAX_BODY_BYTES: Final = 1024 * 1024
-#: The human text of the refusal, over REST and MCP alike.
-NUL_REFUSED: Final = "Strings may not contain the NUL character (U+0000)"
-
-
-def contains_nul(value: object) -> bool:
-    """Whether a NUL is in any string of ``value`` (parsed JSON: dict keys and values, lists).
-
-    Iterative, so no nesting depth hides one.
-
-    >>> contains_nul({"buyer": {"name": ["Al\\x00ice"]}}), contains_nul({"n": 1, "s": "ok"})
-    (True, False)
-    """
-    pending = [value]
-    while pending:
-        item = pending.pop()
-        if isinstance(item, str):
-            if "\x00" in item:
-                return True
-        elif isinstance(item, dict):
-            pending.extend(item.keys())
-            pending.extend(item.values())
-        elif isinstance(item, list | tuple):
-            pending.extend(item)
-    return False
 
 
 class RefuseNul:

@@ -18,7 +18,8 @@ from hypothesis import strategies as st
 from tests.dispatcher.conftest import ADMIN, MakeClient, MakeSettings
 from tests.dispatcher.support import assert_problem
 from usp_dispatcher.api.app import create_app
-from usp_dispatcher.web.request_guard import MAX_BODY_BYTES, contains_nul
+from usp_dispatcher.text import contains_nul
+from usp_dispatcher.web.request_guard import MAX_BODY_BYTES
 
 
 async def _no_dns(host: str, port: int) -> list[str]:
