@@ -92,13 +92,8 @@ def successors(connection: sa.Connection, finished: list[str], *, now: datetime,
 
 def _release() -> sa.Update:
     """Each finished delivery's subject's head (its earliest delivery still pending, in flight, or
-    dead while the subscription blocks on dead ones), marked when it is pending and due.
-
-    Driven by the finished ids (primary key) and ``ix_usp_deliveries_subject``: one short index
-    walk per subject, whatever the planner believes of the table. The join it replaces
-    (``unblocked`` over every pending, due delivery) took 16-70 ms a call on PostgreSQL with
-    4,000 ordered deliveries, the planner starting from the status index on stale statistics.
-    """
+    dead while the subscription blocks on dead ones), marked when it is pending and due: one walk
+    of ``ix_usp_deliveries_subject`` per subject (docs/architecture.md, ``usp_workers.engine.ordering``)."""
     done, later = _deliveries.alias("done"), _deliveries.alias("later")
     head = (
         sa.select(later.c.id)
