@@ -209,11 +209,14 @@ def test_a_worker_killed_mid_run_loses_nothing(
     """SIGKILL one of two workers while 2,000 deliveries are in progress, then start it again:
     every delivery succeeds, every event is handled once per subscription. What the killed
     worker held (claimed deliveries, prefetched and unacknowledged messages) comes back through
-    the lease (3 s here) and the relay's re-send (5 s); a try it had sent before dying may be
+    the lease (4 s here) and the relay's re-send (5 s); a try it had sent before dying may be
     POSTed again, and the receiver's dedupe absorbs it."""
     pipeline.fields |= {
-        "lease_seconds": 3.0,
-        "total_timeout": 1.0,  # a try and its record fit in the lease (RECORD_MARGIN is 2 s)
+        # A batch may start tries for 1 s of its lease (the rest is one try and its record,
+        # RECORD_MARGIN 2 s): with no time to wait for a slot, every batch that found the
+        # endpoint busy would be deferred at once and sent again, ~9 claims per delivery.
+        "lease_seconds": FIRST_LEASE,
+        "total_timeout": 1.0,
         "connect_timeout": 1.0,
         "requeue_after_seconds": 5.0,
         # A try that times out under load is retried, never dead: "lost" would be a false alarm.
@@ -279,12 +282,13 @@ def test_a_worker_killed_mid_run_loses_nothing(
     )
 
 
-#: The lease of the worker that is not killed (the pipeline's is 3 s).
-SECOND_LEASE = 3.25
+#: The killed worker's lease, and the other's: a little longer, to tell their claims apart.
+FIRST_LEASE = 4.0
+SECOND_LEASE = 4.25
 
 
 def held_by_first(engine: Engine) -> int:
-    return in_flight_under_lease(engine, 3.0)
+    return in_flight_under_lease(engine, FIRST_LEASE)
 
 
 def _reclaimed(relay_log: str) -> int:
