@@ -221,11 +221,11 @@ def test_a_worker_killed_mid_run_loses_nothing(
         "requeue_after_seconds": 5.0,
         # A try that times out under load is retried, never dead: "lost" would be a false alarm.
         "retry_schedule": (0.5,) * 10,
-        "per_endpoint_concurrency": 16,
-        "batch_size": 20,
         # Nor paused: ten such timeouts in a row (a loaded CI machine) would open the breaker
         # for its 30 s cooldown, and the run would wait it out with every delivery deferred.
         "breaker_threshold": 0,
+        "per_endpoint_concurrency": 16,
+        "batch_size": 20,
     }
     jwks = jwks_of(pipeline)
     # Each request takes 50 ms, so a worker holds the deliveries it claimed (in flight, under
