@@ -7,11 +7,14 @@ copied off the page, run, and verify a real delivery sent by the portal's "send 
 
 from __future__ import annotations
 
+import fcntl
 import os
 import re
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -129,11 +132,30 @@ def refused_without_a_valid_signature(url: str) -> None:
     assert httpx.post(url, content=body, headers=signed).status_code == 401, "signed by a key not in the JWKS"
 
 
+def install_node_packages() -> None:
+    """``tests/node``'s pinned npm packages, installed from its lockfile (``npm ci``) the first
+    time a test needs them, so that ``uv run pytest`` in a fresh clone needs no step of its own
+    (``.ci/run`` installs them ahead). A file lock keeps two test processes from installing at once."""
+    if (NODE_MODULES / "http-message-signatures").is_dir():
+        return
+    npm = shutil.which("npm")
+    if npm is None:
+        pytest.fail("the portal's Node.js snippet needs `npm` (and `node`) on the PATH")
+    with open(Path(tempfile.gettempdir()) / "usp-tests-npm-ci.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if (NODE_MODULES / "http-message-signatures").is_dir():
+            return  # another test process installed them meanwhile
+        folder = str(NODE_MODULES.parent)
+        command = [npm, "ci", "--prefix", folder, "--no-audit", "--no-fund", "--loglevel=error"]
+        done = subprocess.run(command, capture_output=True, text=True, timeout=300, check=False)
+        if done.returncode != 0:
+            pytest.fail(f"`npm ci --prefix tests/node` failed ({done.returncode}):\n{done.stderr}")
+
+
 def test_each_platform_sees_only_its_own_and_both_snippets_verify_a_real_delivery(
     live: Live, browser: Browser, tmp_path: Path
 ) -> None:
-    if not (NODE_MODULES / "http-message-signatures").is_dir():
-        pytest.fail("run `npm ci --prefix tests/node` first (.ci/run does)")
+    install_node_packages()
     port_a, port_b = free_port(), free_port()
     url_a, url_b = f"http://127.0.0.1:{port_a}/webhooks/usp", f"http://127.0.0.1:{port_b}/hooks/usp"
     sub_a, sub_b = subscribe(live, url_a, ACME), subscribe(live, url_b, GLOBEX)
