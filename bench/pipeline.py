@@ -57,6 +57,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import redis
 import sqlalchemy as sa
 from celery import Celery
 from celery.signals import after_setup_logger
@@ -740,7 +741,8 @@ def measure(
 ) -> None:
     """Phase 1: a burst of ``--events``; phase 2: paced at half the burst's rate."""
     timeout = args.timeout
-    meter = CpuMeter(stack, engine)
+    broker_pid = redis_server_pid(args.redis_url) if result.config.broker == "redis" else None
+    meter = CpuMeter(stack, engine, broker_pid)
     started = time.time()
     committed = emit_burst(engine, args.events, args.transaction, args.subjects)
     emitter = meter.own_seconds()
@@ -760,7 +762,7 @@ def measure(
         return
     receiver.reset()
     paced = result.rate * args.paced_fraction
-    meter = CpuMeter(stack, engine)
+    meter = CpuMeter(stack, engine, broker_pid)
     committed = emit_paced(engine, paced, args.latency_seconds, args.subjects)
     emitter = meter.own_seconds()
     arrivals = receiver.wait_for(set(committed), timeout)
@@ -779,15 +781,31 @@ def measure(
               f"{cores:.2f} cores busy")  # fmt: skip
 
 
+def redis_server_pid(url: str) -> int | None:
+    """The pid of the Redis server at ``url`` when it runs on this machine (its CPU is then
+    counted as ``broker``), else None."""
+    client = redis.Redis.from_url(url)
+    try:
+        pid = int(client.info("server")["process_id"])
+    finally:
+        client.close()
+    host = client.connection_pool.connection_kwargs.get("host", "localhost")
+    local = host in ("localhost", "127.0.0.1", "::1") and Path(f"/proc/{pid}/stat").exists()
+    return pid if local else None
+
+
 class CpuMeter:
     """CPU seconds used from its creation on, by component: the stack's processes (by name
-    prefix), PostgreSQL's backends serving the bench, and this process (the emitter)."""
+    prefix), PostgreSQL's backends serving the bench, a local Redis broker (the whole server:
+    nothing else uses it during a run) and this process (the emitter)."""
 
-    def __init__(self, stack: Stack, engine: Engine) -> None:
+    def __init__(self, stack: Stack, engine: Engine, broker_pid: int | None = None) -> None:
         self.stack = stack
         self.engine = engine
+        self.broker_pid = broker_pid
         self.before = {p.name: p.cpu_seconds() for p in stack.processes}
         self.postgres_before = postgres_cpu(engine)
+        self.broker_before = or_zero(cpu_seconds, broker_pid) if broker_pid else 0.0
         self.own = time.process_time()
         self.wall = time.monotonic()
 
@@ -804,6 +822,8 @@ class CpuMeter:
         if self.postgres_before or self.engine.dialect.name == "postgresql":
             after = postgres_cpu(self.engine)
             used["postgres"] = sum(after.values()) - sum(self.postgres_before.get(pid, 0.0) for pid in after)
+        if self.broker_pid:
+            used["broker"] = or_zero(cpu_seconds, self.broker_pid) - self.broker_before
         for process in self.stack.processes:
             kind = process.name.split("-")[0]
             used[kind] = used.get(kind, 0.0) + process.cpu_seconds() - self.before[process.name]
@@ -894,12 +914,13 @@ CONFIGS = {
 
 
 RIGHT = {"deliveries/s", "paced at", "p50 ms", "p99 ms"}
-CPU_PARTS = ("worker", "receiver", "emitter", "relay", "postgres")
+CPU_PARTS = ("worker", "receiver", "emitter", "relay", "postgres", "broker")
 
 
 def cpu_text(result: Result) -> str:
     """CPU per delivery by component, e.g. ``worker 420 · receiver 160 · emitter 230 · relay 4 ·
-    postgres 150`` (Redis is not counted; ``postgres`` is the backends serving this bench)."""
+    postgres 150 · broker 60`` (``postgres``: the backends serving this bench; ``broker``: a
+    local Redis server, RabbitMQ is not counted)."""
     return " · ".join(f"{part} {result.cpu_us[part]:,.0f}" for part in CPU_PARTS if part in result.cpu_us)
 
 

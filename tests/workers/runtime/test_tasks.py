@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import redis
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 from sqlmodel import select
@@ -25,7 +26,7 @@ from tests.workers.conftest import MakeSettings
 from tests.workers.support import Pipeline, add_subscription, booking_event, delivery, emit_event
 from usp_workers.engine import outbox
 from usp_workers.runtime import tasks
-from usp_workers.runtime.celery_app import DELIVER_TASK, QUEUE, make_celery, redis_visibility_timeout
+from usp_workers.runtime.celery_app import DELIVER_TASK, QUEUE, make_celery
 from usp_workers.runtime.embedded_broker import EMBEDDED_DRAIN_SLICE, celery_broker, make_broker_engine
 from usp_workers.settings import Settings
 from usp_workers.storage.db import session
@@ -169,12 +170,29 @@ def test_an_embedded_broker_wait_ends_after_its_slice_and_still_delivers(
     assert [body[0] for body in got] == [[["dlv_1"]]]  # args: (ids,)
 
 
-def test_redis_visibility_timeout_outlasts_the_lease() -> None:
-    settings = Settings(_env_file=None, broker_url="redis://127.0.0.1:6379/0", lease_seconds=7200)
-    celery = make_celery(settings)
-    options = celery.conf.broker_transport_options
-    assert options["visibility_timeout"] == redis_visibility_timeout(settings) > settings.lease_seconds
-    assert redis_visibility_timeout(Settings(_env_file=None)) == 3600
+@pytest.mark.parametrize("pipeline", [("redis", "sqlite")], ids=["redis"], indirect=True)
+def test_redis_keeps_one_copy_of_a_message_and_gets_back_what_a_closing_consumer_held(
+    pipeline: Pipeline,
+) -> None:
+    """No acknowledgement emulation on Redis (the database's lease brings back what a dead worker
+    held): a message a worker took is in its memory only, not copied to kombu's ``unacked`` keys;
+    a consumer that closes without acknowledging it (a stopping worker) puts it back."""
+    celery = make_celery(pipeline.settings)
+    client = redis.Redis.from_url(pipeline.settings.broker_url_resolved)
+    try:
+        tasks.enqueue_deliveries(["dlv_1", "dlv_2"], app=celery)
+        with celery.connection_for_read() as connection:
+            channel = connection.channel()
+            message = celery.amqp.queues[QUEUE](channel).get(no_ack=False)
+            assert message is not None
+            assert message.payload[0] == [["dlv_1", "dlv_2"]]
+            assert tasks.waiting_messages(celery) == 0
+            assert client.exists("unacked", "unacked_index") == 0, "kombu kept a copy in Redis"
+            channel.close()
+        assert tasks.waiting_messages(celery) == 1, "the unacknowledged message went back"
+    finally:
+        client.close()
+        celery.close()
 
 
 def test_a_rolled_back_emit_writes_nothing_and_hands_off_nothing(database: Engine) -> None:

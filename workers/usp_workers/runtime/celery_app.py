@@ -30,7 +30,6 @@ __all__ = [
     "app",
     "make_celery",
     "prepare_broker",
-    "redis_visibility_timeout",
     "settings_of",
     "transport_options",
 ]
@@ -104,19 +103,6 @@ def settings_of(celery: Celery) -> WorkerSettings:
     return settings
 
 
-def redis_visibility_timeout(settings: CommonSettings) -> float:
-    """How long Redis waits before it hands an unacknowledged message to another worker.
-
-    It must exceed the longest a healthy worker holds a message, or Redis gives a running batch
-    to a second worker. A batch cannot usefully run longer than its deliveries' lease (after
-    that the relay has reclaimed them), so anything comfortably above ``lease_seconds`` is safe;
-    and it need not be short, because a dead worker's deliveries come back through the lease
-    and the relay within ``lease_seconds``, not through Redis. Hence Celery's default of an
-    hour, raised for a lease configured longer than that.
-    """
-    return max(3600.0, 4 * settings.lease_seconds)
-
-
 def prepare_broker(celery: Celery) -> None:
     """Connect and declare :data:`QUEUE`. For the embedded broker this creates its tables once,
     up front, instead of in several processes racing at their first message."""
@@ -130,7 +116,9 @@ def transport_options(settings: CommonSettings) -> dict[str, Any]:
     passes every unknown option to ``create_engine``, which refuses what it does not know."""
     url = settings.broker_url_resolved
     if url.startswith(("redis://", "rediss://", "redis+socket://")):
-        return {"visibility_timeout": redis_visibility_timeout(settings)}
+        # No acknowledgement emulation: the database's lease and the relay bring back what a dead
+        # worker held (docs/architecture.md, "Celery carries wake-ups").
+        return {"ack_emulation": False}
     return {}
 
 
