@@ -84,6 +84,9 @@ def up_from_clone(clone: Path, tmp_path: Path) -> Iterator[Up]:
         # Ours (`uv run pytest`) point at the working tree's environment, not the clone's.
         "VIRTUAL_ENV": None,
         "UV_PROJECT_ENVIRONMENT": None,
+        # A newcomer's Python caches the bytecode it compiles (CI's machines are told not to):
+        # the clone's modules are then compiled once for up's four processes, not by each.
+        "PYTHONDONTWRITEBYTECODE": None,
     }
     command = [uv, "run", "--project", str(clone), "usp-webhooks"]
     process = Up(folder, free_port(), command=command, extra_env=extra)
