@@ -23,7 +23,7 @@ from usp_workers import operations
 from usp_workers.engine import ordering
 from usp_workers.engine.delivery import deliver_batch
 from usp_workers.engine.outbox import emit
-from usp_workers.runtime.relay import mark_due
+from usp_workers.runtime.relay import hold_blocked, mark_due, release_held
 from usp_workers.settings import Settings
 from usp_workers.storage.db import session
 from usp_workers.storage.models import Delivery, DeliveryStatus, OnDead, Ordering, Subscription, utcnow
@@ -240,6 +240,81 @@ def test_successors_are_each_finished_subjects_head_when_it_is_pending_and_due(
         assert ordering.successors(connection, [], now=now, handed=True) == []
     with Session(database) as s:
         assert s.get_one(Delivery, a[1]).enqueued_at is None
+
+
+def held_ids(engine: Engine) -> set[str]:
+    with Session(engine) as s:
+        return set(s.exec(select(Delivery.id).where(col(Delivery.held))).all())
+
+
+def settle(engine: Engine, delivery_id: str, status: DeliveryStatus = DeliveryStatus.SUCCEEDED) -> None:
+    """Settle a delivery the way no engine path does (retention, an operator's SQL): nothing is
+    released behind it."""
+    with session(engine) as s:
+        s.get_one(Delivery, delivery_id).status = status
+        s.commit()
+
+
+def test_the_relay_holds_what_waits_behind_its_subject_and_the_heads_end_releases_the_next(
+    database: Engine, make_settings: MakeSettings, endpoints: Endpoints, clock: Clock
+) -> None:
+    """A due delivery behind an earlier one of its subject is held once, and then left out of
+    every pass (a pass's cost no longer grows with what waits); its subject's head settling
+    releases the next one; the sweep frees what was settled by any other path."""
+    settings = make_settings()
+    ordered_subscription(database, endpoints.add("held", ByEvent()))
+    a = [emit_for(database, "bkg_a", clock)[1] for _ in range(3)]
+    c = [emit_for(database, "bkg_c", clock)[1] for _ in range(2)]
+    _, b = emit_for(database, "bkg_b", clock)
+    clock.advance(settings.requeue_after_seconds + 1)  # handed at emit, long enough ago to resend
+    now = clock()
+    settle(database, a[0], DeliveryStatus.IN_FLIGHT)  # taken by a worker: a's others wait
+    settle(database, c[0], DeliveryStatus.IN_FLIGHT)
+
+    assert hold_blocked(database, now=now) == 3
+    assert held_ids(database) == {a[1], a[2], c[1]}
+    assert [row for row, _ in mark_due(database, settings, now=now)] == [b]
+    assert hold_blocked(database, now=now) == 0  # held once, not tested again
+
+    settle(database, a[0])
+    with database.begin() as connection:
+        assert ordering.successors(connection, [a[0]], now=now, handed=True) == [a[1]]
+    assert held_ids(database) == {a[2], c[1]}
+
+    # a[1] settled where nothing releases a[2] (say, an operator's UPDATE): the pass does not see
+    # it, the sweep does, and leaves c[1], still behind c[0], held.
+    settle(database, a[1])
+    assert mark_due(database, settings, now=clock()) == []
+    assert release_held(database) == 1
+    assert held_ids(database) == {c[1]}
+    assert [row for row, _ in mark_due(database, settings, now=clock())] == [a[2]]
+
+
+async def test_a_held_delivery_a_worker_claims_is_the_relays_again_when_it_comes_back(
+    database: Engine,
+    make_settings: MakeSettings,
+    jwks: JWKS,
+    endpoints: Endpoints,
+    client: httpx.AsyncClient,
+    clock: Clock,
+) -> None:
+    """A held delivery whose subject's head settled can still be claimed from a message sent
+    before it was held; if it fails, its retry must come due in the relay's scan, not wait for
+    the sweep."""
+    settings = make_settings(retry_schedule=(5.0,) * 5)
+    endpoint = ByEvent()
+    ordered_subscription(database, endpoints.add("claimed", endpoint))
+    first, second = (emit_for(database, "bkg_a", clock) for _ in range(2))
+    settle(database, first[1], DeliveryStatus.IN_FLIGHT)
+    assert hold_blocked(database, now=clock()) == 1
+    settle(database, first[1])
+    endpoint.failing.add(second[0])
+
+    report = await deliver_batch(database, settings, [second[1]], client=client, now=clock)
+    assert report.claimed == 1
+    assert held_ids(database) == set()
+    clock.advance(max(5.1, settings.requeue_after_seconds + 1))
+    assert [row for row, _ in mark_due(database, settings, now=clock())] == [second[1]]
 
 
 def test_an_events_place_sorts_by_time_then_id() -> None:

@@ -124,7 +124,7 @@ def _release() -> sa.Update:
             _deliveries.c.status == DeliveryStatus.PENDING.value,
             _deliveries.c.next_attempt_at <= sa.bindparam("now"),
         )
-        .values(enqueued_at=sa.bindparam("marked"))
+        .values(enqueued_at=sa.bindparam("marked"), held=False)
         .returning(_deliveries.c.id)
     )
 

@@ -207,6 +207,7 @@ def _statements(dialect: str) -> _Statements:
         status=DeliveryStatus.IN_FLIGHT.value,
         lease_until=sa.bindparam("new_lease"),
         updated_at=sa.bindparam("claimed_at"),
+        held=False,  # claimable means unblocked: back to pending, it is the relay's again
     )
     by_id = _among(_deliveries.c.id, dialect)
     if dialect != "postgresql":

@@ -42,10 +42,12 @@ __all__ = [
     "EnqueueJob",
     "RelayReport",
     "endpoint_batch_size",
+    "hold_blocked",
     "mark_due",
     "plan_batches",
     "reclaim_expired_leases",
     "relay_once",
+    "release_held",
     "run_relay",
 ]
 
@@ -79,11 +81,15 @@ class RelayReport:
     pruned: int = 0  #: consumed embedded-broker messages deleted
     jobs: int = 0  #: stalled recover/redrive jobs sent to the workers again
     disabled: int = 0  #: subscriptions disabled after failing continuously behind an open breaker
+    held: int = 0  #: ordered deliveries found behind an earlier one of their subject, now held
+    released: int = 0  #: held deliveries the sweep found free (their subject's head settled)
 
     @property
     def busy(self) -> bool:
         """Whether the pass did anything worth a log line."""
-        return any((self.reclaimed, self.enqueued, self.failed, self.pruned, self.jobs, self.disabled))
+        return any(
+            (self.reclaimed, self.enqueued, self.failed, self.pruned, self.jobs, self.disabled, self.released)
+        )
 
 
 def relay_once(
@@ -96,10 +102,12 @@ def relay_once(
     broker_engine: Engine | None = None,
     enqueue_job: EnqueueJob | None = None,
     reclaim: bool = True,
+    sweep: bool = True,
 ) -> RelayReport:
     """One scheduler pass at ``now``: reclaim expired leases (unless ``reclaim`` is false),
-    enqueue due deliveries, re-send stalled jobs (only with ``enqueue_job``), disable the
-    subscriptions failing for too long behind an open breaker, prune.
+    release held deliveries whose subject is free (unless ``sweep`` is false), hold the due ones
+    that are not, enqueue due deliveries, re-send stalled jobs (only with ``enqueue_job``),
+    disable the subscriptions failing for too long behind an open breaker, prune.
 
     ``enqueue`` sends one batch (:func:`usp_workers.runtime.tasks.enqueue_deliveries` bound to an app).
     When it raises, the pass stops sending: the rest of the marked deliveries are re-sent
@@ -109,6 +117,8 @@ def relay_once(
     """
     moment = now if now is not None else utcnow()
     reclaimed = reclaim_expired_leases(engine, now=moment) if reclaim else 0
+    released = release_held(engine) if sweep else 0
+    held = hold_blocked(engine, now=moment)
     enqueued = batches = failed = 0
     for _ in range(MAX_ROUNDS):
         rows = mark_due(engine, settings, now=moment, limit=limit)
@@ -136,6 +146,8 @@ def relay_once(
         pruned=pruned,
         jobs=jobs,
         disabled=len(disabled),
+        held=held,
+        released=released,
     )
 
 
@@ -152,6 +164,54 @@ def reclaim_expired_leases(engine: Engine, *, now: datetime) -> int:
     )
     with engine.begin() as connection:
         return connection.execute(statement).rowcount
+
+
+def hold_blocked(engine: Engine, *, now: datetime, limit: int = RELAY_LIMIT * MAX_ROUNDS) -> int:
+    """Hold up to ``limit`` pending, due ordered deliveries that wait behind an earlier one of
+    their subject (:func:`usp_workers.engine.ordering.unblocked` is false): out of
+    ``ix_usp_deliveries_sendable``, :func:`mark_due` no longer tests them on every pass. The
+    earlier one's end releases its successor (:func:`usp_workers.engine.ordering.successors`);
+    :func:`release_held` catches what other paths free. Returns how many were held."""
+    blocked = (
+        sa.select(_deliveries.c.id)
+        .where(_sendable(now), _deliveries.c.subject_key.is_not(None), ~unblocked(_deliveries))
+        .limit(limit)
+        .with_for_update(skip_locked=True)  # PostgreSQL; SQLite renders nothing (it locks the file)
+    )
+    statement = sa.update(_deliveries).values(held=True)
+    with engine.begin() as connection:
+        if connection.dialect.name == "postgresql":  # a CTE, as in mark_due (see there why)
+            locked = blocked.cte("blocked")
+            statement = statement.where(_deliveries.c.id == locked.c.id, _sendable(now))
+        else:
+            statement = statement.where(_deliveries.c.id.in_(blocked.scalar_subquery()), _sendable(now))
+        return connection.execute(statement).rowcount
+
+
+def release_held(engine: Engine) -> int:
+    """Release the held deliveries no earlier one of their subject holds back any more: a safety
+    net for the paths that settle a subject's head without releasing its successor (a head
+    pruned by retention, a subscription's ``on_dead`` changed, a race with :func:`hold_blocked`).
+    It tests every held delivery, so the scheduler runs it once per ``requeue_after_seconds``,
+    not every pass."""
+    statement = (
+        sa.update(_deliveries)
+        .where(
+            _deliveries.c.status == DeliveryStatus.PENDING.value, _deliveries.c.held, unblocked(_deliveries)
+        )
+        .values(held=False)
+    )
+    with engine.begin() as connection:
+        return connection.execute(statement).rowcount
+
+
+def _sendable(now: datetime) -> sa.ColumnElement[bool]:
+    """Pending, not held, due by ``now``: the range of ``ix_usp_deliveries_sendable``."""
+    return sa.and_(
+        _deliveries.c.status == DeliveryStatus.PENDING.value,
+        ~_deliveries.c.held,
+        _deliveries.c.next_attempt_at <= now,
+    )
 
 
 def mark_due(
@@ -175,9 +235,7 @@ def mark_due(
     """
     cutoff = now - timedelta(seconds=settings.requeue_after_seconds)
     due = sa.and_(
-        _deliveries.c.status == DeliveryStatus.PENDING.value,
-        _deliveries.c.next_attempt_at <= now,
-        sa.or_(_deliveries.c.enqueued_at.is_(None), _deliveries.c.enqueued_at < cutoff),
+        _sendable(now), sa.or_(_deliveries.c.enqueued_at.is_(None), _deliveries.c.enqueued_at < cutoff)
     )
     paused = sa.exists().where(
         _subscriptions.c.id == _deliveries.c.subscription_id,
@@ -276,7 +334,7 @@ def run_relay(
     )
     stopping = stop if stop is not None else threading.Event()
     retention = RetentionSchedule()
-    reclaim_after = 0.0
+    reclaim_after = sweep_after = 0.0
     logger.info(
         "scheduler started: database %s, broker %s, a pass every %.1f s",
         _safe_url(settings.database_url),
@@ -287,8 +345,17 @@ def run_relay(
         with _stop_on_signals(stopping, install=stop is None):
             while not stopping.is_set():
                 started = time.monotonic()
+                sweep = started >= sweep_after
+                if sweep:
+                    sweep_after = started + settings.requeue_after_seconds
                 if not _pass(
-                    engine, settings, enqueue, enqueue_job, broker_engine, reclaim=started >= reclaim_after
+                    engine,
+                    settings,
+                    enqueue,
+                    enqueue_job,
+                    broker_engine,
+                    reclaim=started >= reclaim_after,
+                    sweep=sweep,
                 ):
                     # Workers hold outcomes they could not write: after the database is back,
                     # give them the time to write before their leases are taken back.
@@ -312,11 +379,18 @@ def _pass(
     broker_engine: Engine | None,
     *,
     reclaim: bool = True,
+    sweep: bool = True,
 ) -> bool:
     """One pass, logged; ``False`` when the database did not answer."""
     try:
         report = relay_once(
-            engine, settings, enqueue, broker_engine=broker_engine, enqueue_job=enqueue_job, reclaim=reclaim
+            engine,
+            settings,
+            enqueue,
+            broker_engine=broker_engine,
+            enqueue_job=enqueue_job,
+            reclaim=reclaim,
+            sweep=sweep,
         )
     except sa.exc.SQLAlchemyError as exc:
         # The database is down or busy: try again next pass (nothing is lost).
@@ -330,7 +404,7 @@ def _pass(
         logger.info(
             "scheduler: %d enqueued in %d batches, %d expired leases reclaimed, %d not sent "
             "(broker error; re-sent in %.0f s), %d consumed broker messages pruned, %d stalled jobs re-sent, "
-            "%d failing subscriptions disabled",
+            "%d failing subscriptions disabled, %d held deliveries released",
             report.enqueued,
             report.batches,
             report.reclaimed,
@@ -339,6 +413,7 @@ def _pass(
             report.pruned,
             report.jobs,
             report.disabled,
+            report.released,
         )
     return True
 

@@ -252,6 +252,13 @@ class Delivery(SQLModel, table=True):
             postgresql_where=sa.text("subject_key IS NOT NULL"),
             sqlite_where=sa.text("subject_key IS NOT NULL"),
         ),
+        # What the scheduler's relay scans: pending deliveries not held behind their subject.
+        sa.Index(
+            "ix_usp_deliveries_sendable",
+            "next_attempt_at",
+            postgresql_where=sa.text("status = 'pending' AND NOT held"),
+            sqlite_where=sa.text("status = 'pending' AND held = 0"),
+        ),
     )
 
     id: str = Field(default_factory=lambda: new_id("dlv"), primary_key=True, max_length=40)
@@ -272,6 +279,9 @@ class Delivery(SQLModel, table=True):
     #: place among that subject's events; null for an unordered delivery
     subject_key: str | None = Field(default=None, max_length=128)
     subject_order: str | None = Field(default=None, max_length=128)
+    #: a pending ordered delivery the relay found behind an earlier one of its subject: out of the
+    #: relay's scan until that one settles (:func:`usp_workers.engine.ordering.successors`)
+    held: bool = Field(default=False, sa_column_kwargs={"server_default": sa.false()})
 
 
 class Attempt(SQLModel, table=True):
