@@ -87,9 +87,8 @@ class RelayReport:
     @property
     def busy(self) -> bool:
         """Whether the pass did anything worth a log line."""
-        return any(
-            (self.reclaimed, self.enqueued, self.failed, self.pruned, self.jobs, self.disabled, self.released)
-        )
+        done = (self.reclaimed, self.enqueued, self.failed, self.pruned, self.jobs, self.disabled)
+        return any((*done, self.held, self.released))
 
 
 def relay_once(
@@ -404,7 +403,8 @@ def _pass(
         logger.info(
             "scheduler: %d enqueued in %d batches, %d expired leases reclaimed, %d not sent "
             "(broker error; re-sent in %.0f s), %d consumed broker messages pruned, %d stalled jobs re-sent, "
-            "%d failing subscriptions disabled, %d held deliveries released",
+            "%d failing subscriptions disabled, %d ordered deliveries held behind their subject, "
+            "%d held deliveries released",
             report.enqueued,
             report.batches,
             report.reclaimed,
@@ -413,6 +413,7 @@ def _pass(
             report.pruned,
             report.jobs,
             report.disabled,
+            report.held,
             report.released,
         )
     return True
