@@ -105,7 +105,7 @@ def one_pass(engine: Engine, settings: Settings) -> tuple[float, int]:
     marked to send (a marked one is due again only after ``requeue_after_seconds``)."""
     start = time.perf_counter()
     now = utcnow()
-    hold_blocked(engine, now=now)
+    hold_blocked(engine, settings, now=now)
     marked = len(mark_due(engine, settings, now=now))
     return (time.perf_counter() - start) * 1000, marked
 

@@ -117,7 +117,7 @@ def relay_once(
     moment = now if now is not None else utcnow()
     reclaimed = reclaim_expired_leases(engine, now=moment) if reclaim else 0
     released = release_held(engine) if sweep else 0
-    held = hold_blocked(engine, now=moment)
+    held = hold_blocked(engine, settings, now=moment)
     enqueued = batches = failed = 0
     for _ in range(MAX_ROUNDS):
         rows = mark_due(engine, settings, now=moment, limit=limit)
@@ -165,15 +165,20 @@ def reclaim_expired_leases(engine: Engine, *, now: datetime) -> int:
         return connection.execute(statement).rowcount
 
 
-def hold_blocked(engine: Engine, *, now: datetime, limit: int = RELAY_LIMIT * MAX_ROUNDS) -> int:
-    """Hold up to ``limit`` pending, due ordered deliveries that wait behind an earlier one of
-    their subject (:func:`usp_workers.engine.ordering.unblocked` is false): out of
-    ``ix_usp_deliveries_sendable``, :func:`mark_due` no longer tests them on every pass. The
-    earlier one's end releases its successor (:func:`usp_workers.engine.ordering.successors`);
-    :func:`release_held` catches what other paths free. Returns how many were held."""
+def hold_blocked(
+    engine: Engine, settings: SchedulerSettings, *, now: datetime, limit: int = RELAY_LIMIT * MAX_ROUNDS
+) -> int:
+    """Hold up to ``limit`` ordered deliveries that :func:`mark_due` would send but for an earlier
+    one of their subject (:func:`usp_workers.engine.ordering.unblocked` is false): out of
+    ``ix_usp_deliveries_sendable``, they are no longer tested on every pass. The earlier one's
+    end releases its successor (:func:`usp_workers.engine.ordering.successors`);
+    :func:`release_held` catches what other paths free. Returns how many were held.
+
+    A delivery handed to the broker less than ``requeue_after_seconds`` ago is left alone: in a
+    flowing subject it is released before then, and holding it would be a write for nothing."""
     blocked = (
         sa.select(_deliveries.c.id)
-        .where(_sendable(now), _deliveries.c.subject_key.is_not(None), ~unblocked(_deliveries))
+        .where(_due(settings, now), _deliveries.c.subject_key.is_not(None), ~unblocked(_deliveries))
         .limit(limit)
         .with_for_update(skip_locked=True)  # PostgreSQL; SQLite renders nothing (it locks the file)
     )
@@ -213,6 +218,14 @@ def _sendable(now: datetime) -> sa.ColumnElement[bool]:
     )
 
 
+def _due(settings: SchedulerSettings, now: datetime) -> sa.ColumnElement[bool]:
+    """Sendable, and never handed to the broker or handed ``requeue_after_seconds`` ago."""
+    cutoff = now - timedelta(seconds=settings.requeue_after_seconds)
+    return sa.and_(
+        _sendable(now), sa.or_(_deliveries.c.enqueued_at.is_(None), _deliveries.c.enqueued_at < cutoff)
+    )
+
+
 def mark_due(
     engine: Engine, settings: SchedulerSettings, *, now: datetime, limit: int = RELAY_LIMIT
 ) -> list[tuple[str, str]]:
@@ -232,10 +245,7 @@ def mark_due(
     back behind an earlier one of their subject (:func:`usp_workers.engine.ordering.unblocked`) are
     skipped likewise: the one that settles it hands them over.
     """
-    cutoff = now - timedelta(seconds=settings.requeue_after_seconds)
-    due = sa.and_(
-        _sendable(now), sa.or_(_deliveries.c.enqueued_at.is_(None), _deliveries.c.enqueued_at < cutoff)
-    )
+    due = _due(settings, now)
     paused = sa.exists().where(
         _subscriptions.c.id == _deliveries.c.subscription_id,
         _subscriptions.c.breaker_until > now,
