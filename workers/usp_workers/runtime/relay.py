@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from functools import partial
 from types import FrameType
+from typing import Any
 
 import sqlalchemy as sa
 from kombu.utils.url import maybe_sanitize_url
@@ -87,8 +88,18 @@ class RelayReport:
     @property
     def busy(self) -> bool:
         """Whether the pass did anything worth a log line."""
-        done = (self.reclaimed, self.enqueued, self.failed, self.pruned, self.jobs, self.disabled)
-        return any((*done, self.held, self.released))
+        return any(
+            (
+                self.reclaimed,
+                self.enqueued,
+                self.failed,
+                self.pruned,
+                self.jobs,
+                self.disabled,
+                self.held,
+                self.released,
+            )
+        )
 
 
 def relay_once(
@@ -182,13 +193,8 @@ def hold_blocked(
         .limit(limit)
         .with_for_update(skip_locked=True)  # PostgreSQL; SQLite renders nothing (it locks the file)
     )
-    statement = sa.update(_deliveries).values(held=True)
     with engine.begin() as connection:
-        if connection.dialect.name == "postgresql":  # a CTE, as in mark_due (see there why)
-            locked = blocked.cte("blocked")
-            statement = statement.where(_deliveries.c.id == locked.c.id, _sendable(now))
-        else:
-            statement = statement.where(_deliveries.c.id.in_(blocked.scalar_subquery()), _sendable(now))
+        statement = _locked(connection, sa.update(_deliveries).values(held=True), blocked, _sendable(now))
         return connection.execute(statement).rowcount
 
 
@@ -218,6 +224,20 @@ def _sendable(now: datetime) -> sa.ColumnElement[bool]:
     )
 
 
+def _locked(
+    connection: sa.Connection, statement: sa.Update, candidates: sa.Select[Any], still: sa.ColumnElement[bool]
+) -> sa.Update:
+    """``statement`` limited to the rows ``candidates`` selects and locks, where ``still`` holds.
+
+    On PostgreSQL through a CTE: a CTE that locks rows is computed once; as an IN subquery
+    PostgreSQL may run it again for every due row (a nested loop it picks on stale statistics: a
+    fresh or fast-growing table): measured at 17 s a pass with 2,000 ordered deliveries due."""
+    if connection.dialect.name == "postgresql":
+        locked = candidates.cte("candidates")
+        return statement.where(_deliveries.c.id == locked.c.id, still)
+    return statement.where(_deliveries.c.id.in_(candidates.scalar_subquery()), still)
+
+
 def _due(settings: SchedulerSettings, now: datetime) -> sa.ColumnElement[bool]:
     """Sendable, and never handed to the broker or handed ``requeue_after_seconds`` ago."""
     cutoff = now - timedelta(seconds=settings.requeue_after_seconds)
@@ -243,7 +263,8 @@ def mark_due(
     test is a ``NOT EXISTS`` on the subscription's primary key per due row, so the scan stays
     the due index's and the subscriptions table is only probed, never scanned. Deliveries held
     back behind an earlier one of their subject (:func:`usp_workers.engine.ordering.unblocked`) are
-    skipped likewise: the one that settles it hands them over.
+    skipped likewise: the one that settles it hands them over. Those :func:`hold_blocked` held
+    are not even looked at.
     """
     due = _due(settings, now)
     paused = sa.exists().where(
@@ -257,16 +278,8 @@ def mark_due(
         .limit(limit)
         .with_for_update(skip_locked=True)  # PostgreSQL; SQLite renders nothing (it locks the file)
     )
-    statement = sa.update(_deliveries).values(enqueued_at=now)
     with engine.begin() as connection:
-        if connection.dialect.name == "postgresql":
-            # A CTE that locks rows is computed once; as an IN subquery PostgreSQL may run it
-            # again for every due row (a nested loop it picks on stale statistics: a fresh or
-            # fast-growing table): measured at 17 s a pass with 2,000 ordered deliveries due.
-            locked = candidates.cte("candidates")
-            statement = statement.where(_deliveries.c.id == locked.c.id, due)
-        else:
-            statement = statement.where(_deliveries.c.id.in_(candidates.scalar_subquery()), due)
+        statement = _locked(connection, sa.update(_deliveries).values(enqueued_at=now), candidates, due)
         returning = (_deliveries.c.id, _deliveries.c.subscription_id, _deliveries.c.next_attempt_at)
         rows = connection.execute(statement.returning(*returning)).all()
     return [(row.id, row.subscription_id) for row in sorted(rows, key=lambda r: (r.next_attempt_at, r.id))]
