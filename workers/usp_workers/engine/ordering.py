@@ -70,12 +70,18 @@ def unblocked(rows: Any) -> sa.ColumnElement[bool]:
         earlier.c.subscription_id == rows.c.subscription_id,
         earlier.c.subject_key == rows.c.subject_key,
         earlier.c.subject_order < rows.c.subject_order,
-        sa.or_(
-            earlier.c.status.in_(_UNSETTLED),
-            sa.and_(earlier.c.status == DeliveryStatus.DEAD.value, blocks_on_dead),
-        ),
+        _holds_back(earlier, blocks_on_dead),
     )
     return sa.or_(rows.c.subject_key.is_(None), ~holding)
+
+
+def _holds_back(rows: Any, blocks_on_dead: sa.ColumnElement[bool]) -> sa.ColumnElement[bool]:
+    """Whether a delivery among ``rows`` holds back the later ones of its subject: pending, in
+    flight, or dead while its subscription blocks on dead ones (``blocks_on_dead``)."""
+    return sa.or_(
+        rows.c.status.in_(_UNSETTLED),
+        sa.and_(rows.c.status == DeliveryStatus.DEAD.value, blocks_on_dead),
+    )
 
 
 def successors(connection: sa.Connection, finished: list[str], *, now: datetime, handed: bool) -> list[str]:
@@ -100,13 +106,7 @@ def _release() -> sa.Update:
         .where(
             later.c.subscription_id == done.c.subscription_id,
             later.c.subject_key == done.c.subject_key,
-            sa.or_(
-                later.c.status.in_(_UNSETTLED),
-                sa.and_(
-                    later.c.status == DeliveryStatus.DEAD.value,
-                    _subscriptions.c.on_dead == OnDead.BLOCK.value,
-                ),
-            ),
+            _holds_back(later, _subscriptions.c.on_dead == OnDead.BLOCK.value),
         )
         .order_by(later.c.subject_order)
         .limit(1)
