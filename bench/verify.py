@@ -147,6 +147,9 @@ def main() -> None:
 
     library_message = _Message()
 
+    def fresh_redis() -> RedisDedupe:
+        return RedisDedupe(url=args.redis_url, prefix="usp:bench:", ttl=60)
+
     def with_dedupe(store: DedupeStore) -> Callable[[int], object]:
         run = uuid.uuid4().hex[:8]
 
@@ -180,7 +183,7 @@ def main() -> None:
     ]
     redis_store: RedisDedupe | None = None
     try:
-        redis_store = RedisDedupe(url=args.redis_url, prefix="usp:bench:", ttl=60)
+        redis_store = fresh_redis()
         redis_store.claim("usp-bench-probe")
         rows.append(("ours + Redis dedupe (claim+commit)", with_dedupe(redis_store)))
     except Exception as exc:  # the table still prints; the row says why it is missing
@@ -199,9 +202,6 @@ def main() -> None:
     def verified_id() -> str:
         verifier.verify("POST", URL, headers, body, now=now)
         return f"{json.loads(body)['event_id']}-{uuid.uuid4().hex}"
-
-    def fresh_redis() -> RedisDedupe:
-        return RedisDedupe(url=args.redis_url, prefix="usp:bench:", ttl=60)
 
     def async_row(make_store: Callable[[], DedupeStore], in_flight: int) -> Callable[[], float]:
         return lambda: concurrent_rate(make_store(), verified_id, args.seconds, in_flight)
