@@ -9,7 +9,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
@@ -26,6 +25,7 @@ from redis.lock import Lock
 from sqlalchemy.engine import Engine
 from sqlmodel import Session, col, func, select
 
+from tests import forked
 from tests.workers.endpoints import App, Hub
 from usp_receiver import JWKS
 from usp_schemas import BOOKING_CONFIRMED_EXAMPLE, new_event_id
@@ -316,15 +316,30 @@ class ServiceProcess:
     ready_marker: str | None = None
 
     def __init__(
-        self, pipeline: Pipeline, name: str, command: Sequence[str], env: dict[str, str] | None = None
+        self,
+        pipeline: Pipeline,
+        name: str,
+        command: Sequence[str] | None = None,
+        env: dict[str, str] | None = None,
+        *,
+        code: str | None = None,
     ) -> None:
+        """Run ``command``, or the Python ``code`` (as ``python -c`` would, forked from
+        :mod:`tests.forked`'s pre-imported server)."""
         self.name = name
         self.log_path = pipeline.folder / f"{name}.log"
         self._log = self.log_path.open("wb")
+        child_env = pipeline.env() | (env or {})
+        self.process: subprocess.Popen[bytes] | forked.Child
+        if code is not None:
+            # in pipeline.folder: no stray .env is read, nothing is written outside tmp
+            self.process = forked.start(code, cwd=pipeline.folder, env=child_env, log=self.log_path)
+            return
+        assert command is not None, "a command or code"
         self.process = subprocess.Popen(
             list(command),
-            cwd=pipeline.folder,  # no stray .env is read, nothing is written outside tmp
-            env=pipeline.env() | (env or {}),
+            cwd=pipeline.folder,
+            env=child_env,
             stdout=self._log,
             stderr=subprocess.STDOUT,
             start_new_session=True,  # our Ctrl-C is not its Ctrl-C; and killpg reaches it all
@@ -412,7 +427,7 @@ class WorkerProcess(ServiceProcess):
             "from usp_workers.runtime.worker import run_worker; from usp_workers.settings import "
             f"WorkerSettings; run_worker(WorkerSettings(), concurrency={concurrency!r})"
         )
-        super().__init__(pipeline, name, [sys.executable, "-c", script], env)
+        super().__init__(pipeline, name, env=env, code=script)
 
     def diagnose(self) -> str:
         """The output, after asking a live worker for a traceback of every thread (Celery dumps
@@ -436,7 +451,7 @@ class RelayProcess(ServiceProcess):
     ready_marker = "scheduler started"
 
     def __init__(self, pipeline: Pipeline, name: str = "relay", env: dict[str, str] | None = None) -> None:
-        super().__init__(pipeline, name, [sys.executable, "-c", RELAY_SCRIPT], env)
+        super().__init__(pipeline, name, env=env, code=RELAY_SCRIPT)
 
 
 StartWorker = Callable[..., WorkerProcess]
