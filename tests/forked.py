@@ -3,11 +3,12 @@
 A worker or scheduler started as ``python -c`` spends about 0.75 s of CPU importing SQLAlchemy,
 kombu, Celery, pydantic models before it does anything, and the suite starts ~85 of them: on two
 cores that is most of a minute. :func:`start` runs the same code in a process forked from
-``multiprocessing``'s fork server, which imported those once (:data:`PRELOAD`). The child is otherwise what ``subprocess.Popen`` would give: its own
-session (``killpg`` reaches it and only it), the working directory and environment it was given
-(read when its code runs: nothing that reads settings at import time is preloaded), its output
-unbuffered into a file, ``atexit`` run on the way out. What a fresh interpreter does (``usp-webhooks
-worker``, ``celery -A … worker``) is tested by the tests that run those commands.
+``multiprocessing``'s fork server, which imported those once (:data:`PRELOAD`). The child is
+otherwise what ``subprocess.Popen`` would give: its own session (``killpg`` reaches it and only
+it), the working directory and environment it was given (read when its code runs: nothing that
+reads settings at import time is preloaded), its output unbuffered into a file, ``atexit`` run on
+the way out. What a fresh interpreter does (``usp-webhooks worker``, ``celery -A … worker``) is
+tested by the tests that run those commands.
 """
 
 from __future__ import annotations
