@@ -28,6 +28,7 @@ def test_a_child_gets_its_folder_environment_session_output_and_exit_code(tmp_pa
 
 def test_output_is_unbuffered_and_killpg_ends_the_child(tmp_path: Path) -> None:
     log = tmp_path / "child.log"
+    log.write_text("")  # as ServiceProcess opens it before the child starts
     code = "import time\nprint('started')\ntime.sleep(60)\n"
     child = forked.start(code, cwd=tmp_path, env={}, log=log)
     deadline = time.monotonic() + 30
