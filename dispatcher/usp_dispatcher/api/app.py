@@ -8,9 +8,10 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from functools import cache
 
 import anyio.to_thread
-from fastapi import FastAPI
+from fastapi import APIRouter, FastAPI
 from opentelemetry.instrumentation.fastapi import FastAPIInstrumentor
 from sqlalchemy.engine import Engine
 
@@ -92,22 +93,35 @@ def create_app(
     install_problem_handlers(app)
     ucap_routes.install_ucap_errors(app)
     app.add_middleware(RefuseNul, skip=(MCP_PATH,))  # MCP checks its arguments itself
-    app.include_router(health.router)
-    app.include_router(events.router)
-    app.include_router(feed.router)
-    app.include_router(wellknown.router)
-    app.include_router(discovery.router)
-    app.include_router(scheduling.public_router)
-    app.include_router(scheduling.router)
-    app.include_router(metrics_routes.router)
-    app.include_router(admin.router)
-    app.include_router(ucap_routes.router)
-    app.include_router(ucap_routes.admin_router)
-    app.include_router(console.router)
-    app.include_router(console.portal.router)
+    app.router.routes.extend(_routes().routes)
     app.mount(console.STATIC_PATH, console.static_files(), name="console-static")
     mcp_endpoint = mount_mcp(app, resolved, session_idle_timeout=resolved.mcp_session_idle_seconds)
     return app
+
+
+@cache
+def _routes() -> APIRouter:
+    """Every router, included once per process: FastAPI builds an included router's request
+    handling on its first request, so the apps of one process (the tests build hundreds) share
+    it (docs/architecture.md)."""
+    routes = APIRouter()
+    for router in (
+        health.router,
+        events.router,
+        feed.router,
+        wellknown.router,
+        discovery.router,
+        scheduling.public_router,
+        scheduling.router,
+        metrics_routes.router,
+        admin.router,
+        ucap_routes.router,
+        ucap_routes.admin_router,
+        console.router,
+        console.portal.router,
+    ):
+        routes.include_router(router)
+    return routes
 
 
 def _prepare_database(engine: Engine, settings: ApiSettings) -> None:
