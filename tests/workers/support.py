@@ -330,9 +330,9 @@ class ServiceProcess:
         self.log_path = pipeline.folder / f"{name}.log"
         self._log = self.log_path.open("wb")
         child_env = pipeline.env() | (env or {})
+        # Either way in pipeline.folder: no stray .env is read, nothing is written outside tmp.
         self.process: subprocess.Popen[bytes] | forked.Child
         if code is not None:
-            # in pipeline.folder: no stray .env is read, nothing is written outside tmp
             self.process = forked.start(code, cwd=pipeline.folder, env=child_env, log=self.log_path)
             return
         assert command is not None, "a command or code"
