@@ -61,6 +61,9 @@ MIN_POLL_GAP: Final = 0.02
 DEFAULT_QUEUE_SIZE: Final = 1000
 
 _UspWebhook = types.Notification[dict[str, Any], str]
+#: Told after a commit the (event type, audience) of each event it inserted, and whether it
+#: changed a subscription.
+_Waker = Callable[[list[tuple[str, str | None]], bool], None]
 
 
 def with_correlation(envelope: dict[str, Any]) -> dict[str, Any]:
@@ -142,6 +145,8 @@ class LiveHub:
         self._attachments: dict[str, _Attachment] = {}
         self._task_group: TaskGroup | None = None
         self._wake: asyncio.Event | None = None
+        # profile -> its active subscriptions' patterns, as the last poll that read them found them
+        self._patterns: dict[str, list[list[str]]] = {}
 
     @property
     def session_keys(self) -> frozenset[str]:
@@ -176,10 +181,18 @@ class LiveHub:
         loop = asyncio.get_running_loop()
         wake = asyncio.Event()
         tail = _Tail(self._lookback)
+        self._patterns = {}
 
-        def poke() -> None:  # called by commits, from any thread
+        def committed(events: list[tuple[str, str | None]], subscriptions_changed: bool) -> None:
+            if subscriptions_changed:
+                self._patterns = {}
+            if subscriptions_changed or any(self._may_want(*kind) for kind in events):
+                wake.set()
+
+        def poke(events: list[tuple[str, str | None]], subscriptions_changed: bool) -> None:
+            # Called by commits, from any thread: the decision is taken on the loop's.
             with contextlib.suppress(RuntimeError):  # the loop is closing: this hub is going away
-                loop.call_soon_threadsafe(wake.set)
+                loop.call_soon_threadsafe(committed, events, subscriptions_changed)
 
         _commit_hook.add(poke)
         try:
@@ -221,6 +234,9 @@ class LiveHub:
             logger.exception("live webhooks: reading new events failed; retrying at the next poll")
             return
         tail.advance(forget_below, batch.window)
+        if batch.patterns is None:
+            return  # nothing new
+        self._patterns = {profile: batch.patterns.get(profile, []) for profile in profiles}
         for record in batch.events:
             targets = [attachment for attachment in attachments if _wants(attachment, record, batch.patterns)]
             if not targets:
@@ -235,6 +251,16 @@ class LiveHub:
                 continue
             for attachment in targets:
                 self._enqueue(attachment, params)
+
+    def _may_want(self, event_type: str, audience: str | None) -> bool:
+        """Whether an event this process committed may be for an attached session: so by the
+        patterns the last poll read, or for a profile attached since (patterns not read yet)."""
+        profiles = {profile for attachment in self._attachments.values() for profile in attachment.profiles}
+        if not profiles <= self._patterns.keys():
+            return True
+        return _profiles_want(
+            {profile: self._patterns[profile] for profile in profiles}, event_type, audience
+        )
 
     def _enqueue(self, attachment: _Attachment, params: dict[str, Any]) -> None:
         try:
@@ -335,7 +361,8 @@ class _Tail:
 class _Batch:
     window: list[tuple[str, datetime]]  # every (id, created_at) read
     events: list[EventRecord]  # the unseen ones some attached profile wants, oldest first
-    patterns: dict[str, list[list[str]]]  # profile -> each active subscription's patterns
+    # profile -> each active subscription's patterns (None: not read, no event was new)
+    patterns: dict[str, list[list[str]]] | None
     key: SigningKey | None
 
 
@@ -354,7 +381,7 @@ def _read_batch(
         window = [(event_id, created_at) for event_id, created_at, _, _ in rows]
         unseen = [row for row in rows if row[0] not in seen]
         if not unseen:
-            return _Batch(window, [], {}, None)
+            return _Batch(window, [], None, None)
         patterns: dict[str, list[list[str]]] = {}
         subscriptions = session.exec(
             select(Subscription.platform_profile, Subscription.event_types).where(
@@ -414,43 +441,54 @@ def _shown(session_key: str) -> str:
 
 
 class _CommitHook:
-    """Calls the running hubs' wake-ups after any commit in this process that inserted an event.
+    """Tells the running hubs, after any commit in this process, which events it inserted and
+    whether it changed a subscription.
 
     Installed on first use and left in place: with no hub running it costs a flag check per
-    inserted event and per commit. The wake-ups are kept in a tuple swapped as a whole, so a
+    inserted row and per commit. The wake-ups are kept in a tuple swapped as a whole, so a
     commit in a worker thread never iterates a set another thread is changing.
     """
 
-    _FLAG: Final = "usp_dispatcher.live.event_inserted"
+    _EVENTS: Final = "usp_dispatcher.live.events_inserted"
+    _SUBSCRIPTIONS: Final = "usp_dispatcher.live.subscriptions_changed"
 
     def __init__(self) -> None:
-        self._wakers: tuple[Callable[[], None], ...] = ()
+        self._wakers: tuple[_Waker, ...] = ()
         self._installed = False
 
-    def add(self, waker: Callable[[], None]) -> None:
+    def add(self, waker: _Waker) -> None:
         if not self._installed:
             sa.event.listen(EventRecord, "after_insert", self._inserted)
+            for change in ("after_insert", "after_update", "after_delete"):
+                sa.event.listen(Subscription, change, self._subscription_changed)
             sa.event.listen(sqlalchemy.orm.Session, "after_commit", self._committed)
             sa.event.listen(sqlalchemy.orm.Session, "after_rollback", self._rolled_back)
             self._installed = True
         self._wakers = (*self._wakers, waker)
 
-    def discard(self, waker: Callable[[], None]) -> None:
+    def discard(self, waker: _Waker) -> None:
         self._wakers = tuple(known for known in self._wakers if known is not waker)
 
     def _inserted(self, _mapper: Any, _connection: Any, target: EventRecord) -> None:
-        if self._wakers:
-            session = sqlalchemy.orm.object_session(target)
-            if session is not None:
-                session.info[self._FLAG] = True
+        session = sqlalchemy.orm.object_session(target) if self._wakers else None
+        if session is not None:
+            session.info.setdefault(self._EVENTS, []).append((target.event_type, target.audience))
+
+    def _subscription_changed(self, _mapper: Any, _connection: Any, target: Subscription) -> None:
+        session = sqlalchemy.orm.object_session(target) if self._wakers else None
+        if session is not None:
+            session.info[self._SUBSCRIPTIONS] = True
 
     def _committed(self, session: sqlalchemy.orm.Session) -> None:
-        if session.info.pop(self._FLAG, False):
+        events = session.info.pop(self._EVENTS, None)
+        changed = session.info.pop(self._SUBSCRIPTIONS, False)
+        if events or changed:
             for waker in self._wakers:
-                waker()
+                waker(events or [], changed)
 
     def _rolled_back(self, session: sqlalchemy.orm.Session) -> None:
-        session.info.pop(self._FLAG, None)
+        session.info.pop(self._EVENTS, None)
+        session.info.pop(self._SUBSCRIPTIONS, None)
 
 
 _commit_hook = _CommitHook()

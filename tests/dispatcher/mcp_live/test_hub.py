@@ -11,6 +11,7 @@ from typing import Any
 
 import anyio
 import pytest
+import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 from tests.dispatcher.mcp.support import OTHER_PROFILE, PROFILE
@@ -132,6 +133,63 @@ async def test_a_commit_in_this_process_wakes_the_hub(prepared: Engine, settings
         await wait_until(lambda: first in acme.event_ids)
         second = emit(prepared, "booking.created", audience=PROFILE)  # only the wake-up can
         await wait_until(lambda: second in acme.event_ids)
+
+
+async def test_a_commit_no_attached_session_wants_costs_the_hub_no_read(
+    prepared: Engine, settings: Settings
+) -> None:
+    """The hub reads the events table after this process's commits only when one may hold an
+    event for an attached profile, by the patterns its last read found: other profiles' events
+    and types nobody subscribed to cost it nothing (their periodic poll still reads them)."""
+    hub = LiveHub()
+    acme = Inbox()
+    reads = 0
+
+    def count(_conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
+        nonlocal reads
+        reads += "WHERE usp_events.created_at >=" in statement  # the hub's read of the recent events
+
+    async with running(hub, prepared, settings, poll_interval=3600):
+        hub.attach("acme", PROFILE, acme)
+        first = emit(prepared, "booking.created", audience=PROFILE)
+        await wait_until(lambda: first in acme.event_ids)  # the hub has read acme's patterns
+        sa.event.listen(prepared, "before_cursor_execute", count)
+        try:
+            for event_type, audience in [
+                ("booking.created", OTHER_PROFILE),  # another profile's
+                ("waitlist.joined", PROFILE),  # acme's waitlist.* subscription is disabled
+                ("booking.confirmed", ""),  # the business's own
+            ]:
+                emit(prepared, event_type, audience=audience)
+                await anyio.sleep(0.1)  # the loop runs: a wake-up would poll now
+            assert reads == 0
+            fence = emit(prepared, "booking.cancelled", audience=PROFILE)
+            await wait_until(lambda: fence in acme.event_ids)
+        finally:
+            sa.event.remove(prepared, "before_cursor_execute", count)
+    assert acme.event_ids == [first, fence]
+    assert reads == 1
+
+
+async def test_a_subscription_changed_in_this_process_counts_from_its_commit(
+    prepared: Engine, settings: Settings
+) -> None:
+    """With polling practically off, a profile that subscribes hears its next event at once:
+    the subscription's commit makes the hub forget the patterns it had read."""
+    third = "https://third.example/.well-known/usp/profile.json"
+    hub = LiveHub()
+    inbox = Inbox()
+    async with running(hub, prepared, settings, poll_interval=3600):
+        hub.attach("third", third, inbox)
+        unheard = emit(prepared, "booking.created", audience=third)  # read: nobody wants it
+        await anyio.sleep(0.1)
+        with db.session(prepared) as session:
+            session.add(Subscription(url="http://127.0.0.1:9/t", platform_profile=third))
+            session.commit()
+        heard = emit(prepared, "booking.created", audience=third)
+        await wait_until(lambda: heard in inbox.event_ids)
+    assert inbox.event_ids == [heard]
+    assert unheard not in inbox.event_ids
 
 
 async def test_events_from_before_a_session_attached_are_not_sent(
