@@ -145,8 +145,11 @@ class LiveHub:
         self._attachments: dict[str, _Attachment] = {}
         self._task_group: TaskGroup | None = None
         self._wake: asyncio.Event | None = None
-        # profile -> its active subscriptions' patterns, as the last poll that read them found them
+        # profile -> its active subscriptions' patterns, as the last poll that read them found them;
+        # the count of subscription changes this process committed, so a read that started before
+        # one does not put back what it made stale
         self._patterns: dict[str, list[list[str]]] = {}
+        self._subscription_changes = 0
 
     @property
     def session_keys(self) -> frozenset[str]:
@@ -186,6 +189,7 @@ class LiveHub:
         def committed(events: list[tuple[str, str | None]], subscriptions_changed: bool) -> None:
             if subscriptions_changed:
                 self._patterns = {}
+                self._subscription_changes += 1
             if subscriptions_changed or any(self._may_want(*kind) for kind in events):
                 wake.set()
 
@@ -226,6 +230,7 @@ class LiveHub:
             min(attachment.attached_at for attachment in attachments), moment
         )
         profiles = {profile for attachment in attachments for profile in attachment.profiles}
+        changes = self._subscription_changes
         try:
             batch = await anyio.to_thread.run_sync(
                 _read_batch, engine, settings, read_from, tail.seen, profiles
@@ -236,7 +241,8 @@ class LiveHub:
         tail.advance(forget_below, batch.window)
         if batch.patterns is None:
             return  # nothing new
-        self._patterns = {profile: batch.patterns.get(profile, []) for profile in profiles}
+        if changes == self._subscription_changes:
+            self._patterns = {profile: batch.patterns.get(profile, []) for profile in profiles}
         for record in batch.events:
             targets = [attachment for attachment in attachments if _wants(attachment, record, batch.patterns)]
             if not targets:

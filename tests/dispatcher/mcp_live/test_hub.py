@@ -125,6 +125,40 @@ async def test_a_profile_without_an_active_subscription_hears_nothing_on_its_ses
     assert unheard not in inbox.event_ids
 
 
+async def test_a_subscription_committed_while_the_hub_reads_is_not_forgotten(
+    prepared: Engine, settings: Settings
+) -> None:
+    """A subscription committed between the hub's read of the subscriptions and the end of that
+    poll: the patterns the poll read are already stale, and must not be the ones the next commit
+    is judged by (polling practically off: only a wake-up can bring the event in)."""
+    third = "https://third.example/.well-known/usp/profile.json"
+    hub = LiveHub()
+    inbox = Inbox()
+    subscribed = False
+
+    def subscribe_meanwhile(_conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
+        nonlocal subscribed
+        if "usp_subscriptions.platform_profile IN" in statement and not subscribed:
+            subscribed = True  # the hub has read the subscriptions: now one is added
+            with db.session(prepared) as session:
+                session.add(Subscription(url="http://127.0.0.1:9/t", platform_profile=third))
+                session.commit()
+
+    async with running(hub, prepared, settings, poll_interval=3600):
+        hub.attach("third", third, inbox)
+        sa.event.listen(prepared, "after_cursor_execute", subscribe_meanwhile)
+        try:
+            unheard = emit(prepared, "booking.created", audience=third)
+            await wait_until(lambda: subscribed)
+        finally:
+            sa.event.remove(prepared, "after_cursor_execute", subscribe_meanwhile)
+        await anyio.sleep(0.1)  # the poll ends, and the one the subscription's commit asked for
+        heard = emit(prepared, "booking.created", audience=third)
+        await wait_until(lambda: heard in inbox.event_ids)
+    assert inbox.event_ids == [heard]
+    assert unheard not in inbox.event_ids
+
+
 async def test_a_commit_in_this_process_wakes_the_hub(prepared: Engine, settings: Settings) -> None:
     """With polling practically off, only the commit hook can bring the event in."""
     hub = LiveHub()
