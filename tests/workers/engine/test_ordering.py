@@ -8,9 +8,11 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from datetime import timedelta
+from typing import Any
 
 import httpx
 import pytest
+import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 from sqlmodel import Session, col, select
 
@@ -26,7 +28,15 @@ from usp_workers.engine.outbox import emit
 from usp_workers.runtime.relay import hold_blocked, mark_due, release_held
 from usp_workers.settings import Settings
 from usp_workers.storage.db import session
-from usp_workers.storage.models import Delivery, DeliveryStatus, OnDead, Ordering, Subscription, utcnow
+from usp_workers.storage.models import (
+    Attempt,
+    Delivery,
+    DeliveryStatus,
+    OnDead,
+    Ordering,
+    Subscription,
+    utcnow,
+)
 
 pytestmark = pytest.mark.anyio
 
@@ -319,6 +329,50 @@ async def test_a_held_delivery_a_worker_claims_is_the_relays_again_when_it_comes
     assert held_ids(database) == set()
     clock.advance(5.1)
     assert [row for row, _ in mark_due(database, settings, now=clock())] == [second[1]]
+
+
+async def test_a_subjects_next_delivery_is_released_with_its_heads_outcome_in_one_transaction(
+    database: Engine,
+    make_settings: MakeSettings,
+    jwks: JWKS,
+    endpoints: Endpoints,
+    client: httpx.AsyncClient,
+    clock: Clock,
+) -> None:
+    """The database drops the connection as the worker releases the subject's next delivery: the
+    head's outcome and the release are one transaction, retried together, so the next delivery
+    is handed over at once, not left held until the scheduler's sweep; the head's try is
+    recorded once."""
+    settings = make_settings()
+    endpoint = ByEvent()
+    ordered_subscription(database, endpoints.add("ordered", endpoint))
+    first, second = (emit_for(database, "bkg_a", clock) for _ in range(2))
+    settle(database, first[1], DeliveryStatus.IN_FLIGHT)
+    clock.advance(settings.requeue_after_seconds + 1)
+    assert hold_blocked(database, settings, now=clock()) == 1  # second waits, held
+    settle(database, first[1], DeliveryStatus.PENDING)
+    failures = []
+
+    def drop_the_release(_conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
+        if statement.lstrip().startswith("UPDATE usp_deliveries") and " later" in statement and not failures:
+            failures.append(statement)
+            raise sa.exc.OperationalError(statement, {}, ConnectionResetError("server closed the connection"))
+
+    handed: list[list[str]] = []
+    sa.event.listen(database, "before_cursor_execute", drop_the_release)
+    try:
+        report = await deliver_batch(
+            database, settings, [first[1]], client=client, now=clock, enqueue=handed.append
+        )
+    finally:
+        sa.event.remove(database, "before_cursor_execute", drop_the_release)
+    assert len(failures) == 1
+    assert report.released == [second[1]]
+    assert handed == [[second[1]]]
+    assert held_ids(database) == set()
+    assert delivery(database, first[1]).status == DeliveryStatus.SUCCEEDED
+    with Session(database) as s:
+        assert len(s.exec(select(Attempt).where(col(Attempt.delivery_id) == first[1])).all()) == 1
 
 
 def test_an_events_place_sorts_by_time_then_id() -> None:

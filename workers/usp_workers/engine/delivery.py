@@ -21,7 +21,7 @@ import anyio
 import anyio.to_thread
 import httpx
 from opentelemetry.trace import SpanKind, StatusCode
-from sqlalchemy.engine import Engine
+from sqlalchemy.engine import Connection, Engine
 
 from usp_receiver import SigningKey
 from usp_workers.engine import health, ratelimit, tracing
@@ -376,8 +376,8 @@ class _Batch:
         *,
         last: bool,
     ) -> None:
-        """Write these outcomes (the last write also the subscriptions' health), then hand over
-        what they let go of an ordered subject.
+        """Write these outcomes (the last write also the subscriptions' health) and, in the same
+        transaction, release what they let go of an ordered subject; then hand that over.
 
         If the database does not answer, the outcomes are held here and written as soon as it
         does (retried every second at most, for up to :data:`HOLD_OUTCOMES_SECONDS`): dropping
@@ -390,6 +390,12 @@ class _Batch:
         health_tallies = self.health_writes(recorded_at) if last else []
         if not (updates or health_tallies):
             return
+        released: list[str] = []
+
+        def hand_over(connection: Connection, applied: set[str]) -> None:
+            finished = self._settled_ordered(updates, applied)
+            released[:] = successors(connection, finished, now=recorded_at, handed=self.enqueue is not None)
+
         held_since = time.monotonic()
         pause = 0.1
         while True:
@@ -402,6 +408,7 @@ class _Batch:
                     now=recorded_at,
                     health_tallies=health_tallies,
                     policy=self.policy,
+                    then=hand_over if self.ordered else None,
                 )
                 break
             except Exception as exc:
@@ -416,28 +423,27 @@ class _Batch:
         stale = sum(not result.applied for result in results)
         if stale:
             logger.warning("%d deliveries were taken over after their lease expired", stale)
-        if self.ordered:
-            self._release_subjects(updates, applied, recorded_at)
+        if released:
+            self._hand_over(released)
 
-    def _release_subjects(self, updates: list[DeliveryUpdate], applied: set[str], now: datetime) -> None:
-        """Hand over the next delivery of each ordered subject these settled (best effort: the
-        scheduler sends what this misses)."""
+    def _settled_ordered(self, updates: list[DeliveryUpdate], applied: set[str]) -> list[str]:
+        """The ordered deliveries these updates settled: each lets its subject's next one go."""
         settled = (DeliveryStatus.SUCCEEDED, DeliveryStatus.DEAD)
-        finished = [
+        return [
             u.delivery_id
             for u in updates
             if u.status in settled and u.delivery_id in self.ordered and u.delivery_id in applied
         ]
-        if not finished:
-            return
-        try:
-            with self.engine.begin() as connection:
-                released = successors(connection, finished, now=now, handed=self.enqueue is not None)
-            if released and self.enqueue is not None:
+
+    def _hand_over(self, released: list[str]) -> None:
+        """Publish the subjects' next deliveries, released (and marked handed) with the outcomes
+        that freed them (best effort: the scheduler re-sends what this misses once
+        ``requeue_after_seconds`` have passed)."""
+        if self.enqueue is not None:
+            try:
                 self.enqueue(released)
-        except Exception:
-            logger.exception("could not hand over the next deliveries of %d subjects", len(finished))
-            return
+            except Exception:
+                logger.exception("could not hand over the next deliveries of %d subjects", len(released))
         self.report.released.extend(released)
 
     def health_writes(self, now: datetime) -> list[Tally]:

@@ -7,7 +7,7 @@ lease (docs/architecture.md, "The delivery engine").
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from functools import cache
@@ -300,11 +300,14 @@ def record(
     now: datetime,
     health_tallies: Sequence[health.Tally] = (),
     policy: health.HealthPolicy | None = None,
+    then: Callable[[sa.Connection, set[str]], None] | None = None,
 ) -> set[str]:
     """Insert ``attempts`` and apply ``updates`` under our lease, in one transaction; disable the
-    subscriptions a 410 asked to (with a ``subscription.disabled`` notice), and write
-    ``health_tallies`` under ``policy``. Returns the ids whose update applied (the others had
-    been taken over by another worker after our lease expired)."""
+    subscriptions a 410 asked to (with a ``subscription.disabled`` notice), write
+    ``health_tallies`` under ``policy``, and run ``then`` with the applied ids last (what must
+    commit with the outcomes or not at all: an ordered subject's hand-over). Returns the ids
+    whose update applied (the others had been taken over by another worker after our lease
+    expired)."""
     with engine.begin() as connection:
         write = _record_in_one_statement if connection.dialect.name == "postgresql" else _record_by_statements
         applied = write(connection, attempts, updates, lease_until=lease_until, now=now)
@@ -314,6 +317,8 @@ def record(
             {u.disable_subscription for u in updates if u.disable_subscription is not None}
         ):
             health.disable(connection, subscription_id, reason[:_DISABLED_REASON_MAX], now=now)
+        if then is not None:
+            then(connection, applied)
     return applied
 
 
