@@ -134,27 +134,29 @@ async def test_a_subscription_committed_while_the_hub_reads_is_not_forgotten(
     third = "https://third.example/.well-known/usp/profile.json"
     hub = LiveHub()
     inbox = Inbox()
-    subscribed = False
+    subscribed: list[str] = []
 
     def subscribe_meanwhile(_conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
-        nonlocal subscribed
         if "usp_subscriptions.platform_profile IN" in statement and not subscribed:
-            subscribed = True  # the hub has read the subscriptions: now one is added
+            subscribed.append(statement)  # the hub has read the subscriptions: now one is added
             with db.session(prepared) as session:
                 session.add(Subscription(url="http://127.0.0.1:9/t", platform_profile=third))
                 session.commit()
+            subscribed.append("committed")
 
-    async with running(hub, prepared, settings, poll_interval=3600):
-        hub.attach("third", third, inbox)
-        sa.event.listen(prepared, "after_cursor_execute", subscribe_meanwhile)
-        try:
+    # Listening until the hub has stopped: SQLAlchemy's dispatch must not see its listeners
+    # change while the hub's thread runs a statement.
+    sa.event.listen(prepared, "after_cursor_execute", subscribe_meanwhile)
+    try:
+        async with running(hub, prepared, settings, poll_interval=3600):
+            hub.attach("third", third, inbox)
             unheard = emit(prepared, "booking.created", audience=third)
-            await wait_until(lambda: subscribed)
-        finally:
-            sa.event.remove(prepared, "after_cursor_execute", subscribe_meanwhile)
-        await anyio.sleep(0.1)  # the poll ends, and the one the subscription's commit asked for
-        heard = emit(prepared, "booking.created", audience=third)
-        await wait_until(lambda: heard in inbox.event_ids)
+            await wait_until(lambda: "committed" in subscribed)
+            await anyio.sleep(0.1)  # the poll ends, and the one the subscription's commit asked for
+            heard = emit(prepared, "booking.created", audience=third)
+            await wait_until(lambda: heard in inbox.event_ids)
+    finally:
+        sa.event.remove(prepared, "after_cursor_execute", subscribe_meanwhile)
     assert inbox.event_ids == [heard]
     assert unheard not in inbox.event_ids
 
@@ -179,18 +181,20 @@ async def test_a_commit_no_attached_session_wants_costs_the_hub_no_read(
     and types nobody subscribed to cost it nothing (their periodic poll still reads them)."""
     hub = LiveHub()
     acme = Inbox()
-    reads = 0
+    reads, counting = 0, False
 
     def count(_conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
         nonlocal reads
-        reads += "WHERE usp_events.created_at >=" in statement  # the hub's read of the recent events
+        # the hub's read of the recent events
+        reads += counting and "WHERE usp_events.created_at >=" in statement
 
-    async with running(hub, prepared, settings, poll_interval=3600):
-        hub.attach("acme", PROFILE, acme)
-        first = emit(prepared, "booking.created", audience=PROFILE)
-        await wait_until(lambda: first in acme.event_ids)  # the hub has read acme's patterns
-        sa.event.listen(prepared, "before_cursor_execute", count)
-        try:
+    sa.event.listen(prepared, "before_cursor_execute", count)  # until the hub stops, as above
+    try:
+        async with running(hub, prepared, settings, poll_interval=3600):
+            hub.attach("acme", PROFILE, acme)
+            first = emit(prepared, "booking.created", audience=PROFILE)
+            await wait_until(lambda: first in acme.event_ids)  # the hub has read acme's patterns
+            counting = True
             for event_type, audience in [
                 ("booking.created", OTHER_PROFILE),  # another profile's
                 ("waitlist.joined", PROFILE),  # acme's waitlist.* subscription is disabled
@@ -201,8 +205,9 @@ async def test_a_commit_no_attached_session_wants_costs_the_hub_no_read(
             assert reads == 0
             fence = emit(prepared, "booking.cancelled", audience=PROFILE)
             await wait_until(lambda: fence in acme.event_ids)
-        finally:
-            sa.event.remove(prepared, "before_cursor_execute", count)
+            counting = False
+    finally:
+        sa.event.remove(prepared, "before_cursor_execute", count)
     assert acme.event_ids == [first, fence]
     assert reads == 1
 
