@@ -6,6 +6,7 @@ time in emission order, a failing one holds back only its own subject, and a dea
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
@@ -351,14 +352,14 @@ async def test_a_subjects_next_delivery_is_released_with_its_heads_outcome_in_on
     clock.advance(settings.requeue_after_seconds + 1)
     assert hold_blocked(database, settings, now=clock()) == 1  # second waits, held
     settle(database, first[1], DeliveryStatus.PENDING)
-    failures = []
+    failures: list[str] = []
 
     def drop_the_release(_conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
         if statement.lstrip().startswith("UPDATE usp_deliveries") and " later" in statement and not failures:
             failures.append(statement)
             raise sa.exc.OperationalError(statement, {}, ConnectionResetError("server closed the connection"))
 
-    handed: list[list[str]] = []
+    handed: list[Sequence[str]] = []
     sa.event.listen(database, "before_cursor_execute", drop_the_release)
     try:
         report = await deliver_batch(
