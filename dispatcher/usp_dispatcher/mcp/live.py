@@ -190,7 +190,7 @@ class LiveHub:
             if subscriptions_changed:
                 self._patterns = {}
                 self._subscription_changes += 1
-            if subscriptions_changed or any(self._may_want(*kind) for kind in events):
+            if subscriptions_changed or self._may_want(events):
                 wake.set()
 
         def poke(events: list[tuple[str, str | None]], subscriptions_changed: bool) -> None:
@@ -258,15 +258,15 @@ class LiveHub:
             for attachment in targets:
                 self._enqueue(attachment, params)
 
-    def _may_want(self, event_type: str, audience: str | None) -> bool:
-        """Whether an event this process committed may be for an attached session: so by the
-        patterns the last poll read, or for a profile attached since (patterns not read yet)."""
+    def _may_want(self, events: list[tuple[str, str | None]]) -> bool:
+        """Whether one of these events (type, audience) this process committed may be for an
+        attached session: so by the patterns the last poll read, or for a profile attached since
+        (patterns not read yet)."""
         profiles = {profile for attachment in self._attachments.values() for profile in attachment.profiles}
         if not profiles <= self._patterns.keys():
-            return True
-        return _profiles_want(
-            {profile: self._patterns[profile] for profile in profiles}, event_type, audience
-        )
+            return bool(events)
+        mine = {profile: self._patterns[profile] for profile in profiles}
+        return any(_profiles_want(mine, event_type, audience) for event_type, audience in events)
 
     def _enqueue(self, attachment: _Attachment, params: dict[str, Any]) -> None:
         try:
