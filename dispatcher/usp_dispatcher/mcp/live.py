@@ -229,7 +229,7 @@ class LiveHub:
         read_from, forget_below = tail.floors(
             min(attachment.attached_at for attachment in attachments), moment
         )
-        profiles = {profile for attachment in attachments for profile in attachment.profiles}
+        profiles = _profiles_of(attachments)
         changes = self._subscription_changes
         try:
             batch = await anyio.to_thread.run_sync(
@@ -262,7 +262,7 @@ class LiveHub:
         """Whether one of these events (type, audience) this process committed may be for an
         attached session: so by the patterns the last poll read, or for a profile attached since
         (patterns not read yet)."""
-        profiles = {profile for attachment in self._attachments.values() for profile in attachment.profiles}
+        profiles = _profiles_of(self._attachments.values())
         if not profiles <= self._patterns.keys():
             return bool(events)
         mine = {profile: self._patterns[profile] for profile in profiles}
@@ -414,6 +414,10 @@ def _read_batch(
     except NoSigningKey:
         key = None
     return _Batch(window, events, patterns, key)
+
+
+def _profiles_of(attachments: Iterable[_Attachment]) -> set[str]:
+    return {profile for attachment in attachments for profile in attachment.profiles}
 
 
 def _wants(attachment: _Attachment, record: EventRecord, patterns: dict[str, list[list[str]]]) -> bool:
