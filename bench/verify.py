@@ -20,8 +20,10 @@ the floor's included: this machine's speed drifts by a third within minutes (a V
 and a row measured in a slow stretch would read as a slower path.
 
 The sequential Redis row waits for one round trip per event: where that round trip is as long as
-a verification (``redis-cli --latency``: ~100 µs on a small VM) it cannot reach half of the floor;
-the async rows overlap one event's round trip with the next one's verification.
+a verification it cannot reach half of the floor. The row "Redis round trip alone" measures one
+(a ``PING`` on a raw socket, no client library), so the sequential row's ceiling is 1 / (ours +
+that round trip). The async rows overlap one event's round trip with the next one's verification.
+Their event ids come from a counter, as the sequential rows' do.
 """
 
 from __future__ import annotations
@@ -29,9 +31,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import datetime
+import itertools
 import json
 import os
+import socket
 import time
+import urllib.parse
 import uuid
 from collections.abc import Callable
 from functools import partial
@@ -70,6 +75,20 @@ def rate(operation: Callable[[int], object], seconds: float) -> float:
             done += 1
         elapsed = time.perf_counter() - start
     return done / elapsed
+
+
+def ping(url: str) -> Callable[[int], object]:
+    """One loopback round trip to Redis and nothing else (no client library): what a sequential
+    dedupe claim waits for at least."""
+    parts = urllib.parse.urlsplit(url)
+    connection = socket.create_connection((parts.hostname or "127.0.0.1", parts.port or 6379))
+    connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+    def operation(i: int) -> object:
+        connection.sendall(b"*1\r\n$4\r\nPING\r\n")
+        return connection.recv(64)
+
+    return operation
 
 
 def concurrent_rate(store: DedupeStore, step: Callable[[], str], seconds: float, in_flight: int) -> float:
@@ -186,6 +205,8 @@ def main() -> None:
         redis_store = fresh_redis()
         redis_store.claim("usp-bench-probe")
         rows.append(("ours + Redis dedupe (claim+commit)", with_dedupe(redis_store)))
+        if args.redis_url.startswith("redis://"):  # plain TCP (not TLS, not a unix socket)
+            rows.append(("Redis round trip alone (PING, raw socket)", ping(args.redis_url)))
     except Exception as exc:  # the table still prints; the row says why it is missing
         print(f"Redis row skipped: {exc}")
     signed_params = sign_notification_params(event, key)
@@ -199,9 +220,12 @@ def main() -> None:
         ("standardwebhooks HMAC-SHA256 verify", lambda i: hooks.verify(body, std_headers, json_parse=False))
     )
 
+    fresh = itertools.count()
+    run = uuid.uuid4().hex[:8]
+
     def verified_id() -> str:
         verifier.verify("POST", URL, headers, body, now=now)
-        return f"{json.loads(body)['event_id']}-{uuid.uuid4().hex}"
+        return f"{json.loads(body)['event_id']}-{run}-{next(fresh)}"
 
     def async_row(make_store: Callable[[], DedupeStore], in_flight: int) -> Callable[[], float]:
         return lambda: concurrent_rate(make_store(), verified_id, args.seconds, in_flight)
