@@ -26,6 +26,9 @@ from usp_workers.storage.models import Subscription, SubscriptionState
 
 pytestmark = pytest.mark.anyio
 
+#: A profile with no subscription until a test adds one.
+THIRD = "https://third.example/.well-known/usp/profile.json"
+
 
 @pytest.fixture
 def prepared(keyed: Engine) -> Engine:
@@ -106,20 +109,19 @@ async def test_a_profile_without_an_active_subscription_hears_nothing_on_its_ses
     subscribe by itself): a third profile's session hears none of its own bookings until it
     subscribes, then hears the next ones. With polling practically off ("woken"), at once: the
     subscription's commit makes the hub forget the patterns it had read."""
-    third = "https://third.example/.well-known/usp/profile.json"
     hub = LiveHub()
     inbox, acme = Inbox(), Inbox()
     async with running(hub, prepared, settings, poll_interval=poll_interval):
-        hub.attach("third", third, inbox)
+        hub.attach("third", THIRD, inbox)
         hub.attach("acme", PROFILE, acme)
-        unheard = emit(prepared, "booking.created", audience=third)
+        unheard = emit(prepared, "booking.created", audience=THIRD)
         fence = emit(prepared, "booking.created", audience=PROFILE)
         await wait_until(lambda: fence in acme.event_ids)
         assert inbox.event_ids == []
         with db.session(prepared) as session:
-            session.add(Subscription(url="http://127.0.0.1:9/t", platform_profile=third))
+            session.add(Subscription(url="http://127.0.0.1:9/t", platform_profile=THIRD))
             session.commit()
-        heard = emit(prepared, "booking.created", audience=third)
+        heard = emit(prepared, "booking.created", audience=THIRD)
         await wait_until(lambda: heard in inbox.event_ids)
     assert inbox.event_ids == [heard]
     assert unheard not in inbox.event_ids
@@ -131,7 +133,6 @@ async def test_a_subscription_committed_while_the_hub_reads_is_not_forgotten(
     """A subscription committed between the hub's read of the subscriptions and the end of that
     poll: the patterns the poll read are already stale, and must not be the ones the next commit
     is judged by (polling practically off: only a wake-up can bring the event in)."""
-    third = "https://third.example/.well-known/usp/profile.json"
     hub = LiveHub()
     inbox = Inbox()
     subscribed: list[str] = []
@@ -140,7 +141,7 @@ async def test_a_subscription_committed_while_the_hub_reads_is_not_forgotten(
         if "usp_subscriptions.platform_profile IN" in statement and not subscribed:
             subscribed.append(statement)  # the hub has read the subscriptions: now one is added
             with db.session(prepared) as session:
-                session.add(Subscription(url="http://127.0.0.1:9/t", platform_profile=third))
+                session.add(Subscription(url="http://127.0.0.1:9/t", platform_profile=THIRD))
                 session.commit()
             subscribed.append("committed")
 
@@ -149,11 +150,11 @@ async def test_a_subscription_committed_while_the_hub_reads_is_not_forgotten(
     sa.event.listen(prepared, "after_cursor_execute", subscribe_meanwhile)
     try:
         async with running(hub, prepared, settings, poll_interval=3600):
-            hub.attach("third", third, inbox)
-            unheard = emit(prepared, "booking.created", audience=third)
+            hub.attach("third", THIRD, inbox)
+            unheard = emit(prepared, "booking.created", audience=THIRD)
             await wait_until(lambda: "committed" in subscribed)
             await anyio.sleep(0.1)  # the poll ends, and the one the subscription's commit asked for
-            heard = emit(prepared, "booking.created", audience=third)
+            heard = emit(prepared, "booking.created", audience=THIRD)
             await wait_until(lambda: heard in inbox.event_ids)
     finally:
         sa.event.remove(prepared, "after_cursor_execute", subscribe_meanwhile)

@@ -19,7 +19,7 @@ from sqlmodel import Session, col, select
 
 from tests.workers.conftest import MakeSettings
 from tests.workers.endpoints import Receive, Scope, Send, read_body, respond
-from tests.workers.support import Clock, Endpoints, delivery
+from tests.workers.support import Clock, Endpoints, attempts, delivery
 from usp_receiver import JWKS
 from usp_schemas import BOOKING_CONFIRMED_EXAMPLE, new_event_id
 from usp_workers import operations
@@ -29,15 +29,7 @@ from usp_workers.engine.outbox import emit
 from usp_workers.runtime.relay import hold_blocked, mark_due, release_held
 from usp_workers.settings import Settings
 from usp_workers.storage.db import session
-from usp_workers.storage.models import (
-    Attempt,
-    Delivery,
-    DeliveryStatus,
-    OnDead,
-    Ordering,
-    Subscription,
-    utcnow,
-)
+from usp_workers.storage.models import Delivery, DeliveryStatus, OnDead, Ordering, Subscription, utcnow
 
 pytestmark = pytest.mark.anyio
 
@@ -372,8 +364,7 @@ async def test_a_subjects_next_delivery_is_released_with_its_heads_outcome_in_on
     assert handed == [[second[1]]]
     assert held_ids(database) == set()
     assert delivery(database, first[1]).status == DeliveryStatus.SUCCEEDED
-    with Session(database) as s:
-        assert len(s.exec(select(Attempt).where(col(Attempt.delivery_id) == first[1])).all()) == 1
+    assert len(attempts(database, first[1])) == 1
 
 
 def test_an_events_place_sorts_by_time_then_id() -> None:
