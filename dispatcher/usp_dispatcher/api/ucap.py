@@ -139,9 +139,10 @@ async def catalog_lookup(request: Request) -> JSONResponse:
 
 @router.get("/v1/content/{publisher_id}/{post_id}")
 async def content(request: Request, publisher_id: str, post_id: str) -> JSONResponse:
-    """The post (200) or what it costs (402 ``payment_required`` with offers)."""
+    """The post (200) or what it costs (402 ``payment_required`` with offers, and x402's
+    ``PAYMENT-REQUIRED``); a ``PAYMENT-SIGNATURE`` for one of them pays and reads at once."""
     service, agent, _ = await _agent(request)
-    return _send(await service.read(agent, publisher_id, post_id))
+    return _send(await service.read(agent, publisher_id, post_id, request.headers))
 
 
 @router.get("/v1/content")
@@ -174,9 +175,10 @@ async def cancel(request: Request, entitlement_id: str) -> JSONResponse:
 
 @router.post("/v1/checkout/{checkout_id}/pay")
 async def pay(request: Request, checkout_id: str) -> JSONResponse:
-    """Pay a USDC checkout with an x402 ``X-PAYMENT`` header (402 with requirements without one)."""
+    """Pay a USDC checkout with x402 (``PAYMENT-SIGNATURE``, or v1's ``X-PAYMENT``); 402 with the
+    requirements in both versions without one."""
     service = (await _agent(request))[0]
-    return _send(await service.pay(checkout_id, request.headers.get("x-payment")))
+    return _send(await service.pay(checkout_id, request.headers))
 
 
 @router.get("/.well-known/ucap.json")

@@ -1,18 +1,18 @@
 """Payment providers behind one interface: :func:`open_checkout` starts a payment for a pending
 subscription; whichever way it completes, :func:`usp_dispatcher.ucap.subscriptions.fulfil` grants
-it (one fulfilment path).
+it (one fulfilment path). USDC is paid over x402 (:mod:`usp_dispatcher.ucap.x402`), verified and
+settled by a facilitator: one over HTTP, or the built-in sandbox.
 
 Why it works this way: docs/architecture.md, "Notes by module", ``usp_dispatcher.ucap.payments``.
 """
 
 from __future__ import annotations
 
-import base64
-import binascii
 import hashlib
 import json
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final, Protocol
 
@@ -24,6 +24,18 @@ from starlette.routing import Route
 
 from usp_dispatcher.ucap.settings import UcapSettings
 from usp_dispatcher.ucap.tables import PublicationRow, SubscriptionRow, TierRow
+from usp_dispatcher.ucap.x402 import (
+    PAYMENT_REQUIRED,
+    Payment,
+    PaymentRefused,
+    as_v1,
+    caip2,
+    check_exact,
+    encode,
+    payment_required,
+    read_payment,
+    requirement_from,
+)
 
 __all__ = [
     "USDC_DECIMALS",
@@ -32,27 +44,19 @@ __all__ = [
     "OpenedCheckout",
     "PaymentRefused",
     "SandboxFacilitator",
-    "decode_payment_header",
+    "StoredOffer",
     "facilitator_for",
     "open_checkout",
     "payment_requirements",
     "sandbox_facilitator_app",
+    "stored_offer",
+    "usdc_requirement",
 ]
 
 #: USDC has 6 decimals: one cent is 10,000 base units.
 USDC_DECIMALS: Final = 6
 _CENT_IN_BASE_UNITS: Final = 10 ** (USDC_DECIMALS - 2)
-X402_VERSION: Final = 1
 _MAX_TIMEOUT_SECONDS: Final = 300
-
-
-class PaymentRefused(Exception):
-    """A payment that does not pay: ``reason`` is x402's code (``invalid_exact_evm_payload_…``)."""
-
-    def __init__(self, reason: str, detail: str) -> None:
-        super().__init__(detail)
-        self.reason = reason
-        self.detail = detail
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,6 +64,24 @@ class OpenedCheckout:
     url: str
     provider_ref: str | None = None
     requirements: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class StoredOffer:
+    """What a USDC checkout asks for: the resource paid and its one requirement (x402 v2's shape;
+    :func:`usp_dispatcher.ucap.x402.as_v1` gives version 1's)."""
+
+    resource: dict[str, Any]
+    requirement: dict[str, Any]
+
+    def v1(self) -> dict[str, Any]:
+        return as_v1(self.requirement, self.resource)
+
+    def asked(self, error: str) -> tuple[dict[str, Any], dict[str, str]]:
+        """How a 402 asks for it in both versions: v1's body fields, v2's ``PAYMENT-REQUIRED``."""
+        body = {"x402Version": 1, "error": error, "accepts": [self.v1()]}
+        document = payment_required(self.resource, [self.requirement], error)
+        return body, {PAYMENT_REQUIRED: encode(document)}
 
 
 def open_checkout(
@@ -87,19 +109,41 @@ def open_checkout(
 def payment_requirements(
     settings: UcapSettings, base_url: str, checkout_id: str, tier: TierRow, publication: PublicationRow
 ) -> dict[str, Any]:
-    """x402 v1 ``PaymentRequirements`` for one tier (USD prices only: USDC is a dollar)."""
+    """A checkout's x402 offer, as stored: v2's ``{resource, accepts: [requirement]}``."""
+    return {
+        "resource": {
+            "url": f"{base_url.rstrip('/')}/v1/checkout/{checkout_id}/pay",
+            "description": f"{publication.name}: {tier.name} ({tier.interval})",
+            "mimeType": "application/json",
+        },
+        "accepts": [usdc_requirement(settings, tier)],
+    }
+
+
+def usdc_requirement(settings: UcapSettings, tier: TierRow) -> dict[str, Any]:
+    """x402 v2 ``PaymentRequirements`` for one tier (USD prices only: USDC is a dollar). ``extra``
+    carries the token's EIP-712 domain (``name``, ``version``) and the tier, so a v2 payment's
+    ``accepted`` names what it buys."""
     return {
         "scheme": "exact",
         "network": settings.x402_network,
-        "maxAmountRequired": str(tier.price_amount * _CENT_IN_BASE_UNITS),
-        "resource": f"{base_url.rstrip('/')}/v1/checkout/{checkout_id}/pay",
-        "description": f"{publication.name}: {tier.name} ({tier.interval})",
-        "mimeType": "application/json",
+        "amount": str(tier.price_amount * _CENT_IN_BASE_UNITS),
+        "asset": settings.x402_asset,
         "payTo": settings.x402_pay_to,
         "maxTimeoutSeconds": _MAX_TIMEOUT_SECONDS,
-        "asset": settings.x402_asset,
-        "extra": {"name": "USDC", "version": "2"},
+        "extra": {"name": settings.x402_asset_name, "version": settings.x402_asset_version, "tier": tier.id},
     }
+
+
+def stored_offer(text: str) -> StoredOffer:
+    """A checkout's stored requirements; rows written before version 2 hold a list of one v1
+    requirement."""
+    document = json.loads(text)
+    if isinstance(document, list):
+        v1 = document[0]
+        resource = {"url": v1["resource"], "description": v1["description"], "mimeType": v1["mimeType"]}
+        return StoredOffer(resource, requirement_from(v1))
+    return StoredOffer(document["resource"], document["accepts"][0])
 
 
 def _stripe_session(
@@ -147,41 +191,37 @@ def _stripe_session(
 # ------------------------------------------------------------------------------------ x402
 
 
-def decode_payment_header(value: str) -> dict[str, Any]:
-    """An ``X-PAYMENT`` header: base64 of the x402 ``PaymentPayload`` JSON."""
-    try:
-        document = json.loads(base64.b64decode(value, validate=True))
-    except (ValueError, binascii.Error):
-        raise PaymentRefused("invalid_payload", "X-PAYMENT is not base64 of a JSON payment payload") from None
-    if not isinstance(document, dict):
-        raise PaymentRefused("invalid_payload", "X-PAYMENT must hold a JSON object")
-    return document
-
-
 class Facilitator(Protocol):
-    """An x402 facilitator: ``verify`` then ``settle`` a payment against requirements; each answers
-    the facilitator's JSON (``isValid``/``invalidReason``; ``success``/``errorReason``/``transaction``)."""
+    """An x402 facilitator: ``verify`` then ``settle`` a payment (a ``PaymentPayload`` of either
+    version) against requirements in the same version's shape; each answers the facilitator's JSON
+    (``isValid``/``invalidReason``; ``success``/``errorReason``/``transaction``)."""
 
-    async def verify(self, payload: dict[str, Any], requirements: dict[str, Any]) -> dict[str, Any]: ...
+    async def verify(self, payload: Mapping[str, Any], requirements: Mapping[str, Any]) -> dict[str, Any]: ...
 
-    async def settle(self, payload: dict[str, Any], requirements: dict[str, Any]) -> dict[str, Any]: ...
+    async def settle(self, payload: Mapping[str, Any], requirements: Mapping[str, Any]) -> dict[str, Any]: ...
 
 
 class HttpFacilitator:
-    """A facilitator over HTTP (``POST {url}/verify`` and ``/settle``)."""
+    """A facilitator over HTTP (``POST {url}/verify`` and ``/settle``), as Coinbase's is."""
 
     def __init__(self, url: str, *, timeout: float = 15.0) -> None:
         self.url = url.rstrip("/")
         self.timeout = timeout
 
-    async def verify(self, payload: dict[str, Any], requirements: dict[str, Any]) -> dict[str, Any]:
+    async def verify(self, payload: Mapping[str, Any], requirements: Mapping[str, Any]) -> dict[str, Any]:
         return await self._post("verify", payload, requirements)
 
-    async def settle(self, payload: dict[str, Any], requirements: dict[str, Any]) -> dict[str, Any]:
+    async def settle(self, payload: Mapping[str, Any], requirements: Mapping[str, Any]) -> dict[str, Any]:
         return await self._post("settle", payload, requirements)
 
-    async def _post(self, step: str, payload: dict[str, Any], requirements: dict[str, Any]) -> dict[str, Any]:
-        body = {"x402Version": X402_VERSION, "paymentPayload": payload, "paymentRequirements": requirements}
+    async def _post(
+        self, step: str, payload: Mapping[str, Any], requirements: Mapping[str, Any]
+    ) -> dict[str, Any]:
+        body = {
+            "x402Version": payload.get("x402Version"),
+            "paymentPayload": dict(payload),
+            "paymentRequirements": dict(requirements),
+        }
         try:
             async with httpx.AsyncClient(timeout=self.timeout, follow_redirects=False) as client:
                 response = await client.post(f"{self.url}/{step}", json=body)
@@ -196,44 +236,44 @@ class HttpFacilitator:
 
 
 class SandboxFacilitator:
-    """The built-in facilitator: checks what a real one checks about the authorization (scheme,
-    network, asset, recipient, exact amount, validity window, reuse) and settles by remembering the
-    nonce. It cannot check the EIP-712 signature's signer without Ethereum's keccak, and moves no
-    money: a sandbox."""
+    """The built-in facilitator: checks what a real one checks before it settles (scheme, network,
+    asset, recipient, amount, validity window, the EIP-712 signature's signer, reuse of the nonce)
+    and settles by remembering the nonce. It moves no money and reads no chain: a smart wallet's
+    signature (ERC-1271, ERC-6492), which needs the chain, is refused."""
 
     def __init__(self) -> None:
         self._settled: dict[str, dict[str, Any]] = {}
         self._lock = threading.Lock()
 
-    async def verify(self, payload: dict[str, Any], requirements: dict[str, Any]) -> dict[str, Any]:
+    async def verify(self, payload: Mapping[str, Any], requirements: Mapping[str, Any]) -> dict[str, Any]:
         try:
-            payer = _check_exact(payload, requirements, time.time())
+            payment, payer = _checked(payload, requirements)
         except PaymentRefused as exc:
             return {"isValid": False, "invalidReason": exc.reason, "payer": _payer(payload)}
-        nonce = payload["payload"]["authorization"]["nonce"].lower()
         with self._lock:
-            if nonce in self._settled:
-                return {"isValid": False, "invalidReason": "invalid_transaction_state", "payer": payer}
+            if payment.nonce in self._settled:
+                reused = "invalid_exact_evm_nonce_already_used"
+                return {"isValid": False, "invalidReason": reused, "payer": payer}
         return {"isValid": True, "payer": payer}
 
-    async def settle(self, payload: dict[str, Any], requirements: dict[str, Any]) -> dict[str, Any]:
+    async def settle(self, payload: Mapping[str, Any], requirements: Mapping[str, Any]) -> dict[str, Any]:
         try:
-            payer = _check_exact(payload, requirements, time.time())
+            payment, payer = _checked(payload, requirements)
         except PaymentRefused as exc:
             return {"success": False, "errorReason": exc.reason, "transaction": "", "network": ""}
-        nonce = payload["payload"]["authorization"]["nonce"].lower()
         settled = {
             "success": True,
-            "transaction": "0x" + hashlib.sha256(nonce.encode()).hexdigest(),
-            "network": requirements["network"],
+            "transaction": "0x" + hashlib.sha256(payment.nonce.encode()).hexdigest(),
+            "network": caip2(payment.network),
             "payer": payer,
         }
+        resource = _resource(payload, requirements)
         with self._lock:
-            earlier = self._settled.setdefault(nonce, settled | {"resource": requirements.get("resource")})
-        if earlier.get("resource") != requirements.get("resource"):
+            earlier = self._settled.setdefault(payment.nonce, settled | {"resource": resource})
+        if earlier.get("resource") != resource:
             return {
                 "success": False,
-                "errorReason": "invalid_transaction_state",
+                "errorReason": "invalid_exact_evm_nonce_already_used",
                 "transaction": "",
                 "network": "",
             }
@@ -252,6 +292,8 @@ def sandbox_facilitator_app(facilitator: SandboxFacilitator | None = None) -> St
         try:
             body = await request.json()
             payload, requirements = body["paymentPayload"], body["paymentRequirements"]
+            if not isinstance(payload, dict) or not isinstance(requirements, dict):
+                raise TypeError
         except (ValueError, KeyError, TypeError):
             return JSONResponse({"isValid": False, "invalidReason": "invalid_payload"}, status_code=400)
         if request.url.path.endswith("/verify"):
@@ -263,47 +305,20 @@ def sandbox_facilitator_app(facilitator: SandboxFacilitator | None = None) -> St
     )
 
 
-def _check_exact(payload: dict[str, Any], requirements: dict[str, Any], now: float) -> str:
-    """The payer, when ``payload`` is an ``exact`` EVM payment meeting ``requirements``."""
-    if payload.get("x402Version") != X402_VERSION:
-        raise PaymentRefused("invalid_x402_version", "x402Version must be 1")
-    if payload.get("scheme") != "exact" or requirements.get("scheme") != "exact":
-        raise PaymentRefused("invalid_scheme", "only the exact scheme is accepted")
-    if payload.get("network") != requirements.get("network"):
-        raise PaymentRefused("invalid_network", "the payment is for another network")
-    inner = payload.get("payload")
-    authorization = inner.get("authorization") if isinstance(inner, dict) else None
-    signature = inner.get("signature") if isinstance(inner, dict) else None
-    fields = ("from", "to", "value", "validAfter", "validBefore", "nonce")
-    if not isinstance(authorization, dict) or not all(isinstance(authorization.get(f), str) for f in fields):
-        raise PaymentRefused("invalid_payload", "the payment has no complete EIP-3009 authorization")
-    if not isinstance(signature, str) or not signature.startswith("0x") or len(signature) < 4:
-        raise PaymentRefused("invalid_exact_evm_payload_signature", "the authorization is not signed")
-    if authorization["to"].lower() != str(requirements.get("payTo", "")).lower():
-        raise PaymentRefused(
-            "invalid_exact_evm_payload_recipient_mismatch", "the payment goes to someone else"
-        )
-    try:
-        value, after, before = (int(authorization[k]) for k in ("value", "validAfter", "validBefore"))
-    except ValueError:
-        raise PaymentRefused("invalid_payload", "value and validity must be integers") from None
-    if str(value) != str(requirements.get("maxAmountRequired")):
-        raise PaymentRefused("invalid_exact_evm_payload_authorization_value", "the payment is not the price")
-    if now < after:
-        raise PaymentRefused(
-            "invalid_exact_evm_payload_authorization_valid_after", "the payment is not valid yet"
-        )
-    if now >= before:
-        raise PaymentRefused(
-            "invalid_exact_evm_payload_authorization_valid_before", "the payment authorization expired"
-        )
-    nonce = authorization["nonce"]
-    if not (nonce.startswith("0x") and len(nonce) == 66):
-        raise PaymentRefused("invalid_payload", "the authorization nonce must be 32 bytes of hex")
-    return str(authorization["from"])
+def _checked(payload: Mapping[str, Any], requirements: Mapping[str, Any]) -> tuple[Payment, str]:
+    payment = read_payment(payload)
+    return payment, check_exact(payment, requirement_from(requirements), time.time())
 
 
-def _payer(payload: dict[str, Any]) -> str:
+def _resource(payload: Mapping[str, Any], requirements: Mapping[str, Any]) -> str | None:
+    """What a payment pays for: v1's requirements name it, v2's payload does."""
+    named = payload.get("resource")
+    if isinstance(named, dict):
+        return str(named.get("url"))
+    return str(requirements["resource"]) if "resource" in requirements else None
+
+
+def _payer(payload: Mapping[str, Any]) -> str:
     inner = payload.get("payload")
     authorization = inner.get("authorization") if isinstance(inner, dict) else None
     return str(authorization.get("from", "")) if isinstance(authorization, dict) else ""

@@ -9,9 +9,8 @@ Why it works this way: docs/architecture.md, "Notes by module", ``usp_dispatcher
 
 from __future__ import annotations
 
-import base64
-import json
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from functools import partial
 from typing import Any, TypeVar
 
@@ -33,10 +32,10 @@ from usp_dispatcher.ucap.catalog import (
     search_catalog,
 )
 from usp_dispatcher.ucap.payments import (
-    PaymentRefused,
     SandboxFacilitator,
-    decode_payment_header,
     facilitator_for,
+    stored_offer,
+    usdc_requirement,
 )
 from usp_dispatcher.ucap.settings import UcapSettings
 from usp_dispatcher.ucap.subscriptions import (
@@ -49,6 +48,17 @@ from usp_dispatcher.ucap.subscriptions import (
     fulfil,
     list_entitlements,
     subscribe,
+)
+from usp_dispatcher.ucap.tables import TierRow
+from usp_dispatcher.ucap.x402 import (
+    PAYMENT_REQUIRED,
+    PAYMENT_RESPONSE,
+    V1_PAYMENT_RESPONSE,
+    Payment,
+    PaymentRefused,
+    encode,
+    payment_from_headers,
+    payment_required,
 )
 from usp_workers.engine.ssrf import Resolver
 from usp_workers.settings import ApiSettings
@@ -103,14 +113,55 @@ class UcapService:
         args: LookupIn = parsed(LookupIn, arguments)
         return await self._db(lambda s: lookup(s, args.id, base_url=self.base_url))
 
-    async def read(self, agent: Agent, publisher_id: str, post_id: str) -> Answer:
-        def work(session: Session) -> Answer:
+    async def read(
+        self, agent: Agent, publisher_id: str, post_id: str, headers: Mapping[str, str] | None = None
+    ) -> Answer:
+        """The post, or 402 with UCAP's offers and, for those a dollar buys, x402 v2's
+        ``PAYMENT-REQUIRED``: a request that carries a ``PAYMENT-SIGNATURE`` for one of them
+        subscribes, pays and reads in one exchange (answered with ``PAYMENT-RESPONSE``)."""
+
+        def work(session: Session) -> tuple[Answer, list[TierRow]]:
             publication, post = find_post(session, publisher_id, post_id)
-            return read_content(
+            answer = read_content(
                 session, agent, publication, post, base_url=self.base_url, offer_link=self.offers.link
             )
+            offered = [session.get(TierRow, o["tier_id"]) for o in answer.body.get("offers", ())]
+            return answer, [t for t in offered if t is not None and t.currency.upper() == "USD"]
 
-        return await self._db(work)
+        answer, tiers = await self._db(work)
+        if answer.status != 402 or not tiers:
+            return answer
+        resource = {
+            "url": f"{self.base_url}/v1/content/{publisher_id}/{post_id}",
+            "description": f"A subscription that unlocks {publisher_id}/{post_id}",
+            "mimeType": "application/json",
+        }
+        accepts = [usdc_requirement(self.ucap, tier) for tier in tiers]
+        asked = {PAYMENT_REQUIRED: encode(payment_required(resource, accepts, "payment_required"))}
+        try:
+            payment = payment_from_headers(headers or {})
+            if payment is None:
+                return replace(answer, headers=answer.headers | asked)
+            if payment.version != 2:
+                raise PaymentRefused("invalid_x402_version", "content is paid in x402 version 2")
+            chosen = next((r for r in accepts if _accepts(payment, r)), None)
+            if chosen is None:
+                raise PaymentRefused(
+                    "invalid_payment_requirements", "the payment accepted no offer of this post"
+                )
+            settled = await self._settle(payment, chosen, verify_only=True)
+            started = await self.subscribe(
+                agent,
+                {"publisher_id": publisher_id, "tier_id": chosen["extra"]["tier"], "payment_method": "usdc"},
+            )
+            checkout_id = started.body["checkout"]["session_id"]
+            settled = await self._settle(payment, chosen)
+        except PaymentRefused as exc:
+            refused = {PAYMENT_REQUIRED: encode(payment_required(resource, accepts, exc.reason))}
+            return replace(answer, headers=answer.headers | refused)
+        await self._db(lambda s: fulfil(s, checkout_id, payment_nonce=payment.nonce))
+        paid = await self.read(agent, publisher_id, post_id)
+        return replace(paid, headers=paid.headers | {PAYMENT_RESPONSE: encode(settled)})
 
     async def read_url(self, agent: Agent, url: str) -> Answer:
         def work(session: Session) -> Answer:
@@ -131,50 +182,35 @@ class UcapService:
     async def cancel(self, agent: Agent, entitlement_id: str) -> Answer:
         return await self._db(lambda s: cancel_entitlement(s, agent, entitlement_id))
 
-    async def pay(self, checkout_id: str, payment_header: str | None) -> Answer:
-        """Pay a USDC checkout with an x402 ``X-PAYMENT``: the facilitator verifies and settles it,
-        and only then is it fulfilled. Without a payment: 402 with the requirements. The same
-        payment sent again (a retry after a lost answer) is answered as paid, not charged twice."""
+    async def pay(self, checkout_id: str, headers: Mapping[str, str]) -> Answer:
+        """Pay a USDC checkout with an x402 payment (v2 ``PAYMENT-SIGNATURE`` or v1 ``X-PAYMENT``):
+        the facilitator verifies and settles it, and only then is it fulfilled. Without a payment:
+        402 asking in both versions. The same payment sent again (a retry after a lost answer) is
+        answered as paid, not charged twice."""
         checkout = await self._db(lambda s: checkout_of(s, checkout_id))
         if checkout.provider != "usdc" or not checkout.requirements:
             raise UcapError(409, "not_a_usdc_checkout", "This checkout session is not paid with USDC.")
-        requirements: dict[str, Any] = json.loads(checkout.requirements)[0]
+        offer = stored_offer(checkout.requirements)
         if checkout.status == "expired" or (checkout.status == "open" and checkout.expires_at <= utcnow()):
             raise UcapError(409, "checkout_expired", "The checkout session expired; subscribe again.")
-        if payment_header is None:
-            return Answer(
-                {"x402Version": 1, "error": "X-PAYMENT header is required", "accepts": [requirements]},
-                status=402,
-            )
-        facilitator = facilitator_for(self.ucap, self.sandbox_facilitator)
         try:
-            payload = decode_payment_header(payment_header)
-            nonce = _authorization_nonce(payload)
+            payment = payment_from_headers(headers)
+            if payment is None:
+                body, asked = offer.asked("X-PAYMENT header is required")
+                return Answer(body, status=402, headers=asked)
             if checkout.status == "complete":
-                if checkout.payment_nonce != nonce:
+                if checkout.payment_nonce != payment.nonce:
                     raise UcapError(409, "checkout_complete", "This checkout session was paid already.")
                 settled: dict[str, Any] = {"success": True, "transaction": None}
             else:
-                verdict = await facilitator.verify(payload, requirements)
-                if not verdict.get("isValid"):
-                    raise PaymentRefused(str(verdict.get("invalidReason") or "invalid_payment"), "not valid")
-                settled = await facilitator.settle(payload, requirements)
-                if not settled.get("success"):
-                    raise PaymentRefused(
-                        str(settled.get("errorReason") or "unexpected_settle_error"), "not settled"
-                    )
+                requirements = offer.requirement if payment.version == 2 else offer.v1()
+                settled = await self._settle(payment, requirements)
         except PaymentRefused as exc:
-            return Answer(
-                {
-                    "x402Version": 1,
-                    "error": exc.reason,
-                    "accepts": [requirements],
-                    "message": f"The payment was refused: {exc.reason}.",
-                },
-                status=402,
-            )
-        done: Fulfilment = await self._db(lambda s: fulfil(s, checkout_id, payment_nonce=nonce))
-        receipt = base64.b64encode(json.dumps(settled, separators=(",", ":")).encode()).decode()
+            body, asked = offer.asked(exc.reason)
+            refused = body | {"message": f"The payment was refused: {exc.reason}."}
+            return Answer(refused, status=402, headers=asked)
+        done: Fulfilment = await self._db(lambda s: fulfil(s, checkout_id, payment_nonce=payment.nonce))
+        receipt = PAYMENT_RESPONSE if payment.version == 2 else V1_PAYMENT_RESPONSE
         return Answer(
             {
                 "status": "active",
@@ -183,8 +219,24 @@ class UcapService:
                 "transaction": settled.get("transaction"),
                 "message": "Paid: the subscription is active." if done.granted else "Already paid.",
             },
-            headers={"X-PAYMENT-RESPONSE": receipt},
+            headers={receipt: encode(settled)},
         )
+
+    async def _settle(
+        self, payment: Payment, requirements: Mapping[str, Any], *, verify_only: bool = False
+    ) -> dict[str, Any]:
+        """The facilitator's verification, then (unless ``verify_only``) its settlement;
+        ``requirements`` in the payment's version."""
+        facilitator = facilitator_for(self.ucap, self.sandbox_facilitator)
+        verdict = await facilitator.verify(payment.raw, requirements)
+        if not verdict.get("isValid"):
+            raise PaymentRefused(str(verdict.get("invalidReason") or "invalid_payment"), "not valid")
+        if verify_only:
+            return verdict
+        settled = await facilitator.settle(payment.raw, requirements)
+        if not settled.get("success"):
+            raise PaymentRefused(str(settled.get("errorReason") or "unexpected_settle_error"), "not settled")
+        return settled
 
     async def confirm(self, checkout_id: str) -> Fulfilment:
         """Complete a checkout session as its provider's webhook would (sandbox pages, the operator's
@@ -205,10 +257,7 @@ def _in_session(engine: Engine, work: Callable[[Session], _T]) -> _T:
         return work(session)
 
 
-def _authorization_nonce(payload: Mapping[str, Any]) -> str:
-    inner = payload.get("payload")
-    authorization = inner.get("authorization") if isinstance(inner, dict) else None
-    nonce = authorization.get("nonce") if isinstance(authorization, dict) else None
-    if not isinstance(nonce, str) or not nonce:
-        raise PaymentRefused("invalid_payload", "the payment has no authorization nonce")
-    return nonce.lower()
+def _accepts(payment: Payment, requirement: Mapping[str, Any]) -> bool:
+    """Whether a v2 payment's ``accepted`` is ``requirement`` (the tier it buys is in ``extra``)."""
+    accepted = payment.accepted or {}
+    return bool(accepted.get("extra") == requirement["extra"] and accepted.get("amount") == requirement["amount"])

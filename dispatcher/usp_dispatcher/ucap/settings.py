@@ -6,8 +6,10 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, SecretStr
+from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from usp_dispatcher.ucap.x402 import caip2
 
 __all__ = ["UcapSettings"]
 
@@ -44,10 +46,19 @@ class UcapSettings(BaseSettings):
         default=None,
         description="an x402 facilitator (`/verify`, `/settle`); unset: the built-in sandbox facilitator",
     )
-    x402_network: str = Field(default="base-sepolia", description="the network USDC payments are asked on")
+    x402_network: str = Field(
+        default="eip155:84532",
+        description="the network USDC payments are asked on, as a CAIP-2 id (`eip155:8453` is Base); "
+        "an x402 v1 name (`base-sepolia`) is translated",
+    )
     x402_asset: str = Field(
         default="0x036CbD53842c5426634e7929541eC2318f3dCF7e", description="USDC's contract there"
     )
+    x402_asset_name: str = Field(
+        default="USDC",
+        description="the token's EIP-712 domain name, which payments are signed under (`USD Coin` on Base)",
+    )
+    x402_asset_version: str = Field(default="2", description="the token's EIP-712 domain version")
     x402_pay_to: str = Field(
         default="0x209693Bc6afc0C5328bA36FaF03C514EF312287C", description="the business's receiving address"
     )
@@ -67,6 +78,11 @@ class UcapSettings(BaseSettings):
         ge=1,
         description="`/v1` requests per agent per minute, per API process (429 with `Retry-After` beyond)",
     )
+
+    @field_validator("x402_network")
+    @classmethod
+    def _caip2(cls, value: str) -> str:
+        return caip2(value)
 
     @property
     def stripe_enabled(self) -> bool:

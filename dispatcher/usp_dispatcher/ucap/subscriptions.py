@@ -24,7 +24,7 @@ from usp_dispatcher.ucap.agents import Agent
 from usp_dispatcher.ucap.answers import Answer, UcapError, invalid, not_found
 from usp_dispatcher.ucap.catalog import tier_view
 from usp_dispatcher.ucap.events import emit_entitlement_event, emit_subscription_event
-from usp_dispatcher.ucap.payments import OpenedCheckout, PaymentRefused, open_checkout
+from usp_dispatcher.ucap.payments import OpenedCheckout, PaymentRefused, StoredOffer, open_checkout
 from usp_dispatcher.ucap.settings import UcapSettings
 from usp_dispatcher.ucap.tables import (
     CheckoutRow,
@@ -123,7 +123,7 @@ def subscribe(
         ) from None
     checkout.url = opened.url
     checkout.provider_ref = opened.provider_ref
-    checkout.requirements = json.dumps([opened.requirements]) if opened.requirements else None
+    checkout.requirements = json.dumps(opened.requirements) if opened.requirements else None
     session.add(subscription)
     session.flush()
     session.add(checkout)
@@ -135,20 +135,18 @@ def subscribe(
         "subscription": _subscription_view(subscription, tier),
         "message": _message(provider),
     }
-    if opened.requirements is not None:
-        body |= {
-            "x402Version": 1,
-            "error": "X-PAYMENT header is required",
-            "accepts": [opened.requirements],
-        }
-    return Answer(body)
+    if opened.requirements is None:
+        return Answer(body)
+    offer = StoredOffer(opened.requirements["resource"], opened.requirements["accepts"][0])
+    fields, headers = offer.asked("X-PAYMENT header is required")
+    return Answer(body | fields, headers=headers)
 
 
 def _message(provider: str) -> str:
     if provider == "usdc":
         return (
-            "Pay with USDC: send an x402 X-PAYMENT for accepts[0] to its resource URL, or ask the human "
-            "to open checkout.url."
+            "Pay with USDC: send an x402 payment (PAYMENT-SIGNATURE for the PAYMENT-REQUIRED header, "
+            "or X-PAYMENT for accepts[0]) to its resource URL, or ask the human to open checkout.url."
         )
     return "Complete payment at checkout.url to activate the subscription."
 

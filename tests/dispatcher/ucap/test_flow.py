@@ -57,7 +57,7 @@ def test_find_pay_and_read_a_paid_post(api: TestClient, alice: Agent, engine: En
     assert body["x402Version"] == 1
     requirements = body["accepts"][0]
     assert requirements["maxAmountRequired"] == "8000000"  # $8.00 in USDC base units
-    assert requirements["extra"] == {"name": "USDC", "version": "2"}
+    assert requirements["extra"] == {"name": "USDC", "version": "2", "tier": PRO}
     assert requirements["scheme"] == "exact"
 
     pay_path = urlsplit(requirements["resource"]).path
@@ -101,7 +101,7 @@ def test_two_agents_of_one_registry_do_not_share_entitlements(api: TestClient, m
 @pytest.mark.parametrize(
     ("change", "reason"),
     [
-        ({"value": "7999999"}, "invalid_exact_evm_payload_authorization_value"),
+        ({"value": "7999999"}, "invalid_exact_evm_payload_authorization_value_mismatch"),
         (
             {"to": "0x0000000000000000000000000000000000000001"},
             "invalid_exact_evm_payload_recipient_mismatch",
@@ -113,7 +113,7 @@ def test_a_payment_that_does_not_pay_is_refused_with_its_reason(
     api: TestClient, alice: Agent, change: dict[str, str], reason: str
 ) -> None:
     requirements = start_usdc(api, alice)
-    refused = pay(api, alice, requirements, x402_payment(requirements, **change))
+    refused = pay(api, alice, requirements, x402_payment(requirements, changes=change))
     assert refused.status_code == 402
     assert refused.json()["error"] == reason
     assert signed(api, alice, "GET", f"/v1/content/{DEMO_PUBLICATION}/{DEMO_PAID_POST}").status_code == 402

@@ -193,8 +193,8 @@ def test_usdc_through_a_facilitator_over_http(
     requirements = start_usdc(api, alice)
     path = urlsplit(requirements["resource"]).path
     assert signed(api, alice, "POST", path).status_code == 402  # no X-PAYMENT: the requirements again
-    short = pay(api, alice, requirements, x402_payment(requirements, value="1"))
-    assert short.json()["error"] == "invalid_exact_evm_payload_authorization_value"
+    short = pay(api, alice, requirements, x402_payment(requirements, changes={"value": "1"}))
+    assert short.json()["error"] == "invalid_exact_evm_payload_authorization_value_mismatch"
     paid = pay(api, alice, requirements)
     assert paid.status_code == 200, paid.text
     assert paid.json()["transaction"].startswith("0x")
