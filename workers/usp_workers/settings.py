@@ -224,6 +224,12 @@ class ApiSettings(CommonSettings):
         description="authentication mechanisms offered to platforms, comma-separated (published in "
         "`/.well-known/usp`); the admin token is always accepted",
     )
+    agent_signature_components: Annotated[tuple[str, ...], NoDecode, _COMMAS] = Field(
+        default=("@authority",),
+        description="what an agent's Web Bot Auth signature must cover, comma-separated, besides "
+        "`signature-agent` (when sent) and `content-digest` (when sent): the draft's minimum; add "
+        "`@method,@path` to ask more",
+    )
     booking_credential_ttl_seconds: int = Field(
         default=2_592_000, gt=0, description="lifetime of an issued `booking_scoped_credential` (30 days)"
     )

@@ -33,7 +33,6 @@ from usp_dispatcher.access.identity import BUSINESS, Caller, Identity
 from usp_dispatcher.access.policy import MECHANISMS, AuthorizationPolicy, policy_document
 from usp_dispatcher.access.signatures import (
     DirectoryCache,
-    agent_signature_headers,
     default_directories,
     verify_agent_signature,
 )
@@ -53,7 +52,6 @@ __all__ = [
     "Caller",
     "DirectoryCache",
     "Identity",
-    "agent_signature_headers",
     "authenticate_bearer",
     "authenticate_http",
     "authorize",

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any, Final, Literal
 
 from usp_dispatcher.access.credentials import CREDENTIAL_TYP, POP_TYP, PROOF_WINDOW_SECONDS, SCOPED_TOOLS
-from usp_dispatcher.access.signatures import BASE_COMPONENTS, DIRECTORY_PATH, WEB_BOT_AUTH_TAG
+from usp_dispatcher.access.signatures import DIRECTORY_PATH, WEB_BOT_AUTH_TAG
 from usp_receiver import DEFAULT_ALGORITHMS
 from usp_workers.settings import ApiSettings
 
@@ -65,7 +65,8 @@ def policy_document(settings: ApiSettings) -> dict[str, Any]:
         document["http_message_signatures"] = {
             "profile": "web-bot-auth",
             "key_directory": f"<Signature-Agent origin>{DIRECTORY_PATH}",
-            "covered_components": [*BASE_COMPONENTS, "signature-agent", "content-digest"],
+            "covered_components": [*settings.agent_signature_components, "signature-agent"],
+            "content_digest": "covered and matching when sent",
             "tag": WEB_BOT_AUTH_TAG,
             "algorithms": sorted(DEFAULT_ALGORITHMS),
             "max_age_seconds": 300,

@@ -36,13 +36,11 @@ from usp_workers.engine.ssrf import Resolver, TargetRefused, check_target
 from usp_workers.settings import ApiSettings
 
 __all__ = [
-    "BASE_COMPONENTS",
     "DIRECTORY_PATH",
     "WEB_BOT_AUTH_TAG",
     "DirectoryCache",
     "NonceCheck",
     "SignatureAgent",
-    "agent_signature_headers",
     "default_directories",
     "parse_signature_agent",
     "verify_agent_signature",
@@ -51,8 +49,6 @@ __all__ = [
 
 DIRECTORY_PATH: Final = "/.well-known/http-message-signatures-directory"
 WEB_BOT_AUTH_TAG: Final = "web-bot-auth"
-#: Covered by every agent signature (plus ``signature-agent``, and ``content-digest`` with a body).
-BASE_COMPONENTS: Final = ("@method", "@authority", "@path")
 FETCH_TIMEOUT_SECONDS: Final = 5.0
 #: How long a nonce is remembered past ``created``: the verifier's 300 s age limit and 60 s skew.
 _NONCE_WINDOW: Final = 360
@@ -159,7 +155,7 @@ async def verify_agent_signature(
         raise unauthenticated("a signed request needs Signature-Agent, naming the agent's key directory")
     agent = parse_signature_agent(field, allow_http=settings.allow_private_targets)
     digested = "content-digest" in lowered
-    components = BASE_COMPONENTS + (("content-digest",) if digested else ("content-type",) if body else ())
+    components = settings.agent_signature_components + (("content-digest",) if digested else ())
     policy = VerificationPolicy(
         required_components=components, tag=WEB_BOT_AUTH_TAG, require_digest=digested, member_compat=True
     )
@@ -173,7 +169,7 @@ async def verify_agent_signature(
                 raise
             verified = Verifier(refreshed, policy).verify(method, url, headers, body, now=now)
     except VerificationError as exc:
-        raise unauthenticated(f"the request signature does not hold ({exc.reason})") from None
+        raise unauthenticated(f"the request signature does not hold ({exc.reason}: {exc})") from None
     if agent.component not in verified.components and '"signature-agent"' not in verified.components:
         raise unauthenticated("the request signature does not cover Signature-Agent")
     thumbprint = jwk_thumbprint(verified.key.jwk)
@@ -190,44 +186,6 @@ async def verify_agent_signature(
     )
 
 
-def agent_signature_headers(
-    method: str,
-    url: str,
-    headers: Mapping[str, str],
-    body: bytes,
-    key: SigningKey,
-    *,
-    signature_agent: str,
-    created: int | None = None,
-    tag: str | None = WEB_BOT_AUTH_TAG,
-) -> dict[str, str]:
-    """The fields an agent adds to sign a request the way :func:`verify_agent_signature` wants
-    (for platforms' clients and tests): ``Signature-Agent``, ``Content-Digest``,
-    ``Signature-Input``, ``Signature``.
-
-    >>> key = SigningKey.generate()
-    >>> fields = agent_signature_headers("POST", "https://shop.example/mcp", {}, b"{}", key,
-    ...                                  signature_agent="https://agent.example")
-    >>> fields["Signature-Agent"]
-    '"https://agent.example"'
-    """
-    agent_field = f'"{signature_agent}"'
-    components: Sequence[str] = (*BASE_COMPONENTS, "signature-agent", *(("content-digest",) if body else ()))
-    signed = sign_request(
-        method,
-        url,
-        {**headers, "Signature-Agent": agent_field},
-        body,
-        [key],
-        created=created,
-        tag=tag,
-        components=components,
-    )
-    if not body:
-        signed.pop("Content-Digest")
-    return {"Signature-Agent": agent_field, **signed}
-
-
 def web_bot_auth_headers(
     method: str,
     url: str,
@@ -242,19 +200,22 @@ def web_bot_auth_headers(
 ) -> dict[str, str]:
     """Sign a request as OpenBotAuth's signer does (for agents, our agent-side MCP server and
     tests): ``Signature-Agent: sig1="<directory or JWKS URL>"``, covering ``@method``, ``@path``,
-    ``@authority`` and ``"signature-agent";key="sig1"`` (plus ``content-type`` with a body, and
-    ``content-digest`` when ``digest``), with ``created``, ``expires``, a fresh ``nonce``,
-    ``keyid`` (the key's thumbprint), ``alg`` and ``tag="web-bot-auth"``.
+    ``@authority`` and the whole ``signature-agent`` field (plus ``content-type`` with a body, and
+    ``content-digest`` when ``digest``), with ``created``, ``expires``, a fresh 64-byte ``nonce``,
+    ``keyid`` (the key's thumbprint), ``alg`` and ``tag="web-bot-auth"``. Covering the whole field
+    gives the one signature base OpenBotAuth's verifier and RFC 9421's agree on.
 
     >>> key = SigningKey.generate()
     >>> fields = web_bot_auth_headers("GET", "https://pub.example/v1/entitlements", b"", key,
     ...                               signature_agent="https://registry.example/jwks/bot.json")
     >>> fields["Signature-Agent"]
     'sig1="https://registry.example/jwks/bot.json"'
+    >>> fields["Signature-Input"].startswith('sig1=("@method" "@path" "@authority" "signature-agent");')
+    True
     """
     agent_field = f'sig1="{signature_agent}"'
     headers: dict[str, str] = {"Signature-Agent": agent_field}
-    components = ["@method", "@path", "@authority", '"signature-agent";key="sig1"']
+    components = ["@method", "@path", "@authority", "signature-agent"]
     if body:
         headers["Content-Type"] = content_type
         components.append("content-type")
@@ -271,7 +232,7 @@ def web_bot_auth_headers(
         components=components,
         created=moment,
         expires=moment + ttl,
-        nonce=base64.urlsafe_b64encode(secrets.token_bytes(32)).decode().rstrip("="),
+        nonce=base64.urlsafe_b64encode(secrets.token_bytes(64)).decode().rstrip("="),
         tag=WEB_BOT_AUTH_TAG,
     )
     return headers | {"Signature-Input": member.signature_input, "Signature": member.signature}

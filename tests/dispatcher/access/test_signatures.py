@@ -3,9 +3,15 @@ the Signature-Agent origin (a real uvicorn on 127.0.0.1) and the signature check
 
 from __future__ import annotations
 
+import base64
+import datetime
+import secrets
 import time
+from dataclasses import dataclass, field
 
+import httpx
 import pytest
+from http_message_signatures import HTTPMessageVerifier, MappingKeyResolver, algorithms
 from sqlalchemy.engine import Engine
 
 from tests.dispatcher.access.conftest import Agent
@@ -14,13 +20,12 @@ from usp_dispatcher.access import (
     AccessError,
     DirectoryCache,
     Identity,
-    agent_signature_headers,
     authenticate_http,
     issue_api_key,
     issue_booking_credential,
     verify_agent_signature,
 )
-from usp_dispatcher.access.signatures import parse_signature_agent
+from usp_dispatcher.access.signatures import parse_signature_agent, web_bot_auth_headers
 from usp_receiver import SigningKey, content_digest, jwk_thumbprint, sign_message
 from usp_workers.settings import Settings
 from usp_workers.storage import db
@@ -35,8 +40,8 @@ JSON = {"Content-Type": "application/json"}
 def signed(
     agent: Agent, *, body: bytes = BODY, key: SigningKey | None = None, created: int | None = None
 ) -> dict[str, str]:
-    return JSON | agent_signature_headers(
-        "POST", URL, JSON, body, key or agent.key, signature_agent=agent.origin, created=created
+    return web_bot_auth_headers(
+        "POST", URL, body, key or agent.key, signature_agent=agent.origin, created=created, digest=True
     )
 
 
@@ -155,7 +160,7 @@ async def test_another_agents_directory_does_not_vouch(
 ) -> None:
     """A request signed by one agent but naming another's origin finds no key there."""
     impostor = SigningKey.generate()
-    headers = JSON | agent_signature_headers("POST", URL, JSON, BODY, impostor, signature_agent=agent.origin)
+    headers = web_bot_auth_headers("POST", URL, BODY, impostor, signature_agent=agent.origin, digest=True)
     assert "unknown_key" in await refused(agent, headers, settings, directories)
 
 
@@ -166,7 +171,7 @@ async def test_swapped_signature_agent_is_refused(
     public key (the directory is public) breaks the signature."""
     headers = signed(agent)
     copy_origin = agent.origin.replace("127.0.0.1", "localhost")
-    headers["Signature-Agent"] = f'"{copy_origin}"'
+    headers["Signature-Agent"] = f'sig1="{copy_origin}"'
     with pytest.raises(AccessError):
         await verify(agent, headers, settings, directories)
 
@@ -226,9 +231,18 @@ async def test_dictionary_signature_agent(
 
 
 async def test_other_tag_is_refused(agent: Agent, settings: Settings, directories: DirectoryCache) -> None:
-    headers = JSON | agent_signature_headers(
-        "POST", URL, JSON, BODY, agent.key, signature_agent=agent.origin, tag="usp-webhook"
+    headers = JSON | {"Signature-Agent": f'"{agent.origin}"'}
+    member = sign_message(
+        "POST",
+        URL,
+        headers,
+        agent.key,
+        label="sig1",
+        components=("@authority", "signature-agent"),
+        created=int(time.time()),
+        tag="usp-webhook",
     )
+    headers |= {"Signature-Input": member.signature_input, "Signature": member.signature}
     assert "tag_mismatch" in await refused(agent, headers, settings, directories)
 
 
@@ -252,9 +266,7 @@ async def test_private_addresses_are_not_fetched(
     agent: Agent, make_settings: MakeSettings, directories: DirectoryCache
 ) -> None:
     """With https required the name would still be checked: a loopback target is never fetched."""
-    headers = JSON | agent_signature_headers(
-        "POST", URL, JSON, BODY, agent.key, signature_agent="https://127.0.0.1:1"
-    )
+    headers = web_bot_auth_headers("POST", URL, BODY, agent.key, signature_agent="https://127.0.0.1:1")
     assert "permitted" in await refused(
         agent, headers, make_settings(allow_private_targets=False), directories
     )
@@ -365,3 +377,142 @@ async def test_http_booking_credential_as_bearer_is_not_an_identity(
         issued = issue_booking_credential(session, settings, booking_id="bkg_1", profile=None, jkt="thumb")
     headers = {"Authorization": f"Bearer {issued['credential']}"}
     assert await authenticate_http("POST", URL, headers, BODY, engine=migrated, settings=settings) is None
+
+
+# --------------------------------------------------------------------- Web Bot Auth as others sign
+
+
+def minimum(agent: Agent, method: str, body: bytes, **fields: str) -> dict[str, str]:
+    """Signed as Cloudflare's ``web-bot-auth`` signs by default: ``("@authority" "signature-agent")``
+    with ``created``, ``expires``, a 64-byte nonce, ``keyid`` and ``tag``."""
+    headers = {"Signature-Agent": f'"{agent.origin}"', **fields}
+    moment = int(time.time())
+    member = sign_message(
+        method,
+        URL,
+        headers,
+        agent.key,
+        label="sig1",
+        components=("@authority", "signature-agent"),
+        created=moment,
+        expires=moment + 300,
+        nonce=base64.b64encode(secrets.token_bytes(64)).decode(),
+        tag="web-bot-auth",
+    )
+    return headers | {"Signature-Input": member.signature_input, "Signature": member.signature}
+
+
+@pytest.mark.parametrize(("method", "body"), [("GET", b""), ("POST", BODY)])
+async def test_the_drafts_minimum_verifies(
+    agent: Agent, settings: Settings, directories: DirectoryCache, method: str, body: bytes
+) -> None:
+    headers = minimum(agent, method, body, **(JSON if body else {}))
+    identity = await verify_agent_signature(
+        method, URL, headers, body, settings=settings, directories=directories
+    )
+    assert identity.principal == f"agent:{agent.origin}"
+
+
+async def test_a_digest_that_is_sent_must_be_covered_and_match(
+    agent: Agent, settings: Settings, directories: DirectoryCache
+) -> None:
+    uncovered = minimum(agent, "POST", BODY, **JSON, **{"Content-Digest": content_digest(BODY)})
+    assert "content-digest" in await refused(agent, uncovered, settings, directories)
+
+
+async def test_a_stricter_required_set_is_a_setting_and_the_refusal_names_what_is_missing(
+    agent: Agent, make_settings: MakeSettings, directories: DirectoryCache
+) -> None:
+    strict = make_settings(agent_signature_components="@authority,@method,@path")
+    detail = await refused(agent, minimum(agent, "POST", BODY, **JSON), strict, directories)
+    assert "missing_component" in detail
+    assert '"@method"' in detail
+    assert '"@path"' in detail
+    assert await verify(agent, signed(agent), strict, directories)  # ours covers them
+
+
+def openbotauth_base(components: list[str], params: str, method: str, headers: dict[str, str]) -> bytes:
+    """The signature base as OpenBotAuth's bot-cli ``request-signer.ts`` and verifier-service
+    ``buildSignatureBase`` build it (transcribed from their TypeScript): a ``;key`` member of
+    ``signature-agent`` becomes ``"signature-agent": <key>="<url>"``, a whole field its raw value."""
+    url = httpx.URL(URL)
+    lines = []
+    for component in components:
+        if component == "@method":
+            lines.append(f'"@method": {method}')
+        elif component == "@path":
+            lines.append(f'"@path": {url.path}')
+        elif component == "@authority":
+            lines.append(f'"@authority": {url.netloc.decode()}')
+        elif component.startswith("signature-agent;key="):
+            member = component.split('"')[1]
+            value = headers["Signature-Agent"].split('="', 1)[1].rstrip('"')
+            lines.append(f'"signature-agent": {member}="{value}"')
+        else:
+            lines.append(f'"{component}": {headers[next(k for k in headers if k.lower() == component)]}')
+    lines.append(f'"@signature-params": {params}')
+    return "\n".join(lines).encode()
+
+
+async def test_openbotauths_signature_verifies_here(
+    agent: Agent, settings: Settings, directories: DirectoryCache
+) -> None:
+    """Signed as bot-cli signs (dictionary Signature-Agent, its ``;key`` member covered in its own
+    base form, ``content-type`` on a body, no digest)."""
+    moment = int(time.time())
+    components = ["@method", "@path", "@authority", 'signature-agent;key="sig1"', "content-type"]
+    covered = " ".join(f'"{c}"' if ";" not in c else '"signature-agent";key="sig1"' for c in components)
+    params = (
+        f'({covered});created={moment};expires={moment + 300};nonce="{secrets.token_urlsafe(64)}"'
+        f';keyid="{jwk_thumbprint(agent.key.public.jwk)}";alg="ed25519";tag="web-bot-auth"'
+    )
+    headers = JSON | {"Signature-Agent": f'sig1="{agent.origin}"'}
+    signature = agent.key.sign(openbotauth_base(components, params, "POST", headers))
+    headers |= {
+        "Signature-Input": f"sig1={params}",
+        "Signature": f"sig1=:{base64.b64encode(signature).decode()}:",
+    }
+    identity = await verify(agent, headers, settings, directories)
+    assert identity.key_thumbprint == jwk_thumbprint(agent.key.public.jwk)
+
+
+def test_our_signature_verifies_in_openbotauths_base_form() -> None:
+    """What our agent signs, rebuilt as OpenBotAuth's verifier rebuilds it, holds under the key."""
+    key = SigningKey.generate()
+    fields = web_bot_auth_headers(
+        "POST", URL, BODY, key, signature_agent="https://registry.example/jwks/a.json"
+    )
+    params = fields["Signature-Input"].removeprefix("sig1=")
+    components = [c.strip('"') for c in params[1 : params.index(")")].split(" ")]
+    assert components == ["@method", "@path", "@authority", "signature-agent", "content-type"]
+    assert f'keyid="{jwk_thumbprint(key.public.jwk)}"' in params
+    assert all(f";{p}=" in params for p in ("created", "expires", "nonce", "alg", "tag"))
+    signature = base64.b64decode(fields["Signature"].removeprefix("sig1=:").rstrip(":"))
+    assert key.public.verify(signature, openbotauth_base(components, params, "POST", fields))
+
+
+def test_our_signature_verifies_with_http_message_signatures() -> None:
+    """The ``http-message-signatures`` library (an independent RFC 9421 implementation) verifies
+    our agent's requests, GET and POST."""
+    key = SigningKey.generate()
+    resolver = MappingKeyResolver(
+        public_keys={jwk_thumbprint(key.public.jwk): key.public.key}, private_keys={}
+    )
+    verifier = HTTPMessageVerifier(signature_algorithm=algorithms.ED25519, key_resolver=resolver)
+    for method, body in (("GET", b""), ("POST", BODY)):
+        fields = web_bot_auth_headers(
+            method, URL, body, key, signature_agent="https://registry.example/a.json"
+        )
+        message = LibraryRequest(method, URL, fields)
+        (result,) = verifier.verify(
+            message, max_age=datetime.timedelta(seconds=300), expect_tag="web-bot-auth"
+        )
+        assert result.parameters["keyid"] == jwk_thumbprint(key.public.jwk)
+        assert '"signature-agent"' in str(result.covered_components)
+
+
+@dataclass
+class LibraryRequest:
+    method: str
+    url: str
+    headers: dict[str, str] = field(default_factory=dict)
