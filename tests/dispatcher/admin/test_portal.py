@@ -7,14 +7,11 @@ copied off the page, run, and verify a real delivery sent by the portal's "send 
 
 from __future__ import annotations
 
-import fcntl
 import os
 import re
-import shutil
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -27,13 +24,13 @@ from playwright.sync_api import Browser, BrowserContext, Page, expect
 from tests.dispatcher.admin.browser import screenshot
 from tests.dispatcher.admin.live import Live
 from tests.dispatcher.conftest import ADMIN
+from tests.nodejs import NODE_MODULES, install_node_packages
 from usp_receiver import SigningKey, sign_request
 
 pytestmark = pytest.mark.parametrize("database_url", ["postgresql"], indirect=True)
 
 ACME = "https://acme.example/.well-known/usp-profile"
 GLOBEX = "https://globex.example/.well-known/usp-profile"
-NODE_MODULES = Path(__file__).resolve().parents[2] / "node" / "node_modules"
 
 
 def free_port() -> int:
@@ -130,26 +127,6 @@ def refused_without_a_valid_signature(url: str) -> None:
     stranger = SigningKey.generate()
     signed = headers | sign_request("POST", url, headers, body, [stranger])
     assert httpx.post(url, content=body, headers=signed).status_code == 401, "signed by a key not in the JWKS"
-
-
-def install_node_packages() -> None:
-    """``tests/node``'s pinned npm packages, installed from its lockfile (``npm ci``) the first
-    time a test needs them, so that ``uv run pytest`` in a fresh clone needs no step of its own
-    (``.ci/run`` installs them ahead). A file lock keeps two test processes from installing at once."""
-    if (NODE_MODULES / "http-message-signatures").is_dir():
-        return
-    npm = shutil.which("npm")
-    if npm is None:
-        pytest.fail("the portal's Node.js snippet needs `npm` (and `node`) on the PATH")
-    with open(Path(tempfile.gettempdir()) / "usp-tests-npm-ci.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if (NODE_MODULES / "http-message-signatures").is_dir():
-            return  # another test process installed them meanwhile
-        folder = str(NODE_MODULES.parent)
-        command = [npm, "ci", "--prefix", folder, "--no-audit", "--no-fund", "--loglevel=error"]
-        done = subprocess.run(command, capture_output=True, text=True, timeout=300, check=False)
-        if done.returncode != 0:
-            pytest.fail(f"`npm ci --prefix tests/node` failed ({done.returncode}):\n{done.stderr}")
 
 
 def test_each_platform_sees_only_its_own_and_both_snippets_verify_a_real_delivery(
