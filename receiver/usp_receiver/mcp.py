@@ -40,7 +40,8 @@ from dataclasses import dataclass, field
 from typing import Any, Final, assert_never
 
 try:
-    from mcp.client import ClientExtension
+    import mcp_types as types
+    from mcp.client import ClientExtension, ClientSession
     from mcp.client import NotificationBinding as _SDKNotificationBinding
     from pydantic import RootModel
 except ImportError as exc:  # pragma: no cover - exercised only without the extra installed
@@ -53,7 +54,9 @@ from usp_receiver.dedupe import DedupeStore, Processed, process_once
 from usp_schemas import EventValidationError, WebhookEvent, parse_event
 
 __all__ = [
+    "CURSOR_META_KEY",
     "EXTENSION_IDENTIFIER",
+    "LISTEN_FILTER_KEY",
     "USP_WEBHOOK_METHOD",
     "BindingStats",
     "NotificationBinding",
@@ -62,6 +65,7 @@ __all__ = [
     "ReceivedNotification",
     "RejectionHook",
     "USPWebhookExtension",
+    "listen",
 ]
 
 logger = logging.getLogger(__name__)
@@ -70,6 +74,12 @@ logger = logging.getLogger(__name__)
 USP_WEBHOOK_METHOD: Final = "usp_webhook"
 #: The client extension identifier (SEP-2133 grammar) advertised by :class:`USPWebhookExtension`.
 EXTENSION_IDENTIFIER: Final = "dev.usp-protocol/webhooks"
+#: The ``subscriptions/listen`` filter key (MCP 2026-07-28, an extension key MCP's filter carries)
+#: a platform sets to hear its webhooks on the stream; the business publishes the filter in
+#: ``/.well-known/usp`` (``bindings.mcp.listen_filter``).
+LISTEN_FILTER_KEY: Final = "io.usp/webhooks"
+#: In the listen request's ``_meta``: the last ``event_id`` received, to hear first what came after.
+CURSOR_META_KEY: Final = "io.usp/after"
 
 
 @dataclass(frozen=True, slots=True)
@@ -261,6 +271,33 @@ class USPWebhookExtension(ClientExtension):
     def notifications(self) -> Sequence[_SDKNotificationBinding[Any]]:
         """The one binding: ``usp_webhook`` (or the binding's ``method``)."""
         return (self._binding.sdk_binding,)
+
+
+async def listen(session: ClientSession, *, profile: str, after: str | None = None) -> None:
+    """Hear this platform's webhooks on an MCP 2026-07-28 connection: one ``subscriptions/listen``
+    stream, opted in with :data:`LISTEN_FILTER_KEY` and naming ``profile`` (``_meta.usp.profile``),
+    held until the server ends it (returns) or the caller cancels the task. Each ``usp_webhook``
+    on it reaches the session's :class:`NotificationBinding` (pass ``binding.extension`` to the
+    ``Client``). ``after``: the last ``event_id`` received, to hear what was missed since first.
+
+    The SDK's own ``Client.listen()`` takes only MCP's four change flags, so this sends the
+    request itself, through the session's public ``send_request``; the acknowledgment reaches the
+    client's ``message_handler``. The stream is held as long as the session's read timeout allows
+    (none by default). A transport failure raises the SDK's ``MCPError``: listen again with
+    ``after`` set.
+
+    >>> async with Client(transport, extensions=[binding.extension]) as client:  # doctest: +SKIP
+    ...     await listen(client.session, profile="https://platform.example/profile")
+    """
+    meta: dict[str, Any] = {"usp": {"profile": profile}}
+    if after is not None:
+        meta[CURSOR_META_KEY] = after
+    request = types.SubscriptionsListenRequest(
+        params=types.SubscriptionsListenRequestParams(
+            notifications=types.SubscriptionFilter.model_validate({LISTEN_FILTER_KEY: True}), _meta=meta
+        )
+    )
+    await session.send_request(request, types.SubscriptionsListenResult)
 
 
 def _short(text: str) -> str:

@@ -10,7 +10,7 @@ import re
 import secrets
 import time
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Final
 
@@ -30,7 +30,6 @@ from usp_receiver import (
     content_digest,
     jwk_thumbprint,
     sign_message,
-    sign_request,
 )
 from usp_workers.engine.ssrf import Resolver, TargetRefused, check_target
 from usp_workers.settings import ApiSettings

@@ -11,16 +11,20 @@ from fastapi import APIRouter
 from fastapi.responses import JSONResponse
 
 from usp_dispatcher import access
+from usp_dispatcher.mcp.listen import LISTEN_FILTER
 from usp_dispatcher.mcp.results import CAPABILITIES
 from usp_dispatcher.mcp.tools import TOOLS
 from usp_dispatcher.web.deps import SettingsDep
+from usp_receiver.mcp import CURSOR_META_KEY, EXTENSION_IDENTIFIER
 from usp_schemas import EVENT_TYPES, USP_VERSION
 from usp_workers.settings import ApiSettings
 
 __all__ = ["WEBHOOK_CAPABILITY", "business_profile", "router"]
 
 #: The outbound-webhook capability (the receiver's MCP extension uses the same identifier).
-WEBHOOK_CAPABILITY: Final = "dev.usp-protocol/webhooks"
+WEBHOOK_CAPABILITY: Final = EXTENSION_IDENTIFIER
+#: The MCP protocol versions ``/mcp`` speaks: the handshake ones (a session) and the stateless one.
+MCP_VERSIONS: Final = ("2025-06-18", "2025-11-25", "2026-07-28")
 _MAX_AGE: Final = 300
 
 router = APIRouter(tags=["discovery"])
@@ -44,6 +48,10 @@ def business_profile(settings: ApiSettings) -> dict[str, Any]:
                 "endpoint": f"{base}/mcp",
                 "transports": ["streamable_http", "stdio"],
                 "stdio_command": "usp-webhooks mcp",
+                "protocol_versions": list(MCP_VERSIONS),
+                # MCP 2026-07-28: the subscriptions/listen filter that opts in to usp_webhook.
+                "listen_filter": dict(LISTEN_FILTER),
+                "listen_cursor_meta_key": CURSOR_META_KEY,
             },
             "rest": {"endpoint": f"{base}/services"},
         },

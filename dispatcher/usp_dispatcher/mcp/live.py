@@ -41,7 +41,9 @@ __all__ = [
     "DEFAULT_QUEUE_SIZE",
     "LiveHub",
     "LiveSend",
+    "missed_since",
     "notification_sender",
+    "webhook_notification",
 ]
 
 logger = logging.getLogger("usp_dispatcher.mcp")
@@ -96,10 +98,15 @@ def notification_sender(session: ServerSession) -> LiveSend:
     """
 
     async def send(params: dict[str, Any]) -> None:
-        notification = _UspWebhook(method=WEBHOOK_METHOD, params=params)
-        await session.send_notification(notification)  # type: ignore[arg-type]
+        await session.send_notification(webhook_notification(params))
 
     return send
+
+
+def webhook_notification(params: dict[str, Any]) -> Any:
+    """A ``usp_webhook`` notification model carrying ``params`` as signed (typed ``Any``: see
+    :func:`notification_sender` on why ``send_notification`` takes it)."""
+    return _UspWebhook(method=WEBHOOK_METHOD, params=params)
 
 
 @dataclass(eq=False)
@@ -110,6 +117,7 @@ class _Attachment:
     attached_at: datetime
     outbox: MemoryObjectSendStream[dict[str, Any]]
     inbox: MemoryObjectReceiveStream[dict[str, Any]]
+    swept: bool  # whether the transport's ``is_alive`` speaks for it (not for a listen stream)
     scope: anyio.CancelScope | None = None  # the pump's, once it runs
     started: bool = False
     dropped: bool = False
@@ -156,15 +164,16 @@ class LiveHub:
         """The sessions attached right now."""
         return frozenset(self._attachments)
 
-    def attach(self, session_key: str, profile: str, send: LiveSend) -> None:
+    def attach(self, session_key: str, profile: str, send: LiveSend, *, swept: bool = True) -> None:
         """From now on, send ``session_key`` the events of ``profile`` (idempotent; a session may
-        speak for several profiles, and keeps the ``send`` it first attached with)."""
+        speak for several profiles, and keeps the ``send`` it first attached with). ``swept``:
+        the transport's ``is_alive`` tells when it is gone; else the caller detaches it."""
         existing = self._attachments.get(session_key)
         if existing is not None:
             existing.profiles.add(profile)
             return
         outbox, inbox = anyio.create_memory_object_stream[dict[str, Any]](self._queue_size)
-        attachment = _Attachment(session_key, {profile}, send, utcnow(), outbox, inbox)
+        attachment = _Attachment(session_key, {profile}, send, utcnow(), outbox, inbox, swept)
         self._attachments[session_key] = attachment
         if self._task_group is not None:
             self._start(attachment)
@@ -309,7 +318,7 @@ class LiveHub:
         if self._is_alive is None:
             return
         for attachment in list(self._attachments.values()):
-            if not self._is_alive(attachment.key):
+            if attachment.swept and not self._is_alive(attachment.key):
                 self._drop(attachment)
 
     def _drop(self, attachment: _Attachment) -> None:
@@ -414,6 +423,43 @@ def _read_batch(
     except NoSigningKey:
         key = None
     return _Batch(window, events, patterns, key)
+
+
+def missed_since(engine: Engine, profile: str, event_id: str, limit: int) -> list[dict[str, Any]] | None:
+    """The notification params (unsigned) of the events after ``event_id`` that ``profile``'s
+    active subscriptions want, oldest first, at most ``limit``; ``None`` when ``event_id`` is not
+    an event here (unknown, or purged by retention). Blocking: run it in a thread."""
+    with db.session(engine) as session:
+        cursor = session.get(EventRecord, event_id)
+        if cursor is None:
+            return None
+        patterns = [
+            json.loads(event_types)
+            for event_types in session.exec(
+                select(Subscription.event_types).where(
+                    Subscription.state == SubscriptionState.ACTIVE, Subscription.platform_profile == profile
+                )
+            )
+        ]
+        later = session.exec(
+            select(EventRecord)
+            .where(
+                sa.or_(
+                    col(EventRecord.created_at) > cursor.created_at,
+                    sa.and_(
+                        col(EventRecord.created_at) == cursor.created_at, col(EventRecord.id) > cursor.id
+                    ),
+                )
+            )
+            .order_by(col(EventRecord.created_at), col(EventRecord.id))
+        )
+        wanted: list[dict[str, Any]] = []
+        for record in later:
+            if _profiles_want({profile: patterns}, record.event_type, record.audience):
+                wanted.append(with_correlation(json.loads(record.payload)))
+                if len(wanted) >= limit:
+                    break
+        return wanted
 
 
 def _profiles_of(attachments: Iterable[_Attachment]) -> set[str]:

@@ -19,8 +19,9 @@ from sqlalchemy.engine import Engine
 
 from usp_dispatcher import access
 from usp_dispatcher.access import AccessError, Caller, Identity
-from usp_dispatcher.access.apikeys import still_authenticates
-from usp_dispatcher.mcp.live import LiveHub, LiveSend, notification_sender
+from usp_dispatcher.mcp.listen import LISTEN_FILTER, listen_handler
+from usp_dispatcher.mcp.live import LiveHub, notification_sender
+from usp_dispatcher.mcp.principals import request_identity, revocable
 from usp_dispatcher.mcp.protocol import (
     INVALID_PARAMS,
     METHOD_NOT_FOUND,
@@ -37,6 +38,8 @@ from usp_dispatcher.ucap.service import UcapService
 from usp_dispatcher.ucap.settings import UcapSettings
 from usp_dispatcher.ucap.tools import UCAP_TOOLS_BY_NAME
 from usp_dispatcher.ucap.tools import list_entries as ucap_tool_entries
+from usp_receiver.mcp import CURSOR_META_KEY, EXTENSION_IDENTIFIER
+from usp_schemas import WEBHOOK_METHOD
 from usp_workers.engine.ssrf import Resolver
 from usp_workers.settings import ApiSettings
 from usp_workers.storage import db
@@ -89,7 +92,7 @@ def build_server(
         if params.name in UCAP_TOOLS_BY_NAME:
             if contains_nul(params.arguments or {}):
                 raise protocol_error(INVALID_PARAMS, f"{NUL_REFUSED}.")
-            return await call_ucap_tool(content, params.name, params.arguments or {}, _identity(ctx))
+            return await call_ucap_tool(content, params.name, params.arguments or {}, request_identity(ctx))
         spec = TOOLS_BY_NAME.get(params.name)
         if spec is None:
             raise protocol_error(METHOD_NOT_FOUND, f"There is no tool {_shown(params.name)}.")
@@ -100,7 +103,7 @@ def build_server(
             meta = read_meta(arguments)
         except ValidationError as exc:
             raise protocol_error(INVALID_PARAMS, f"_meta: {validation_text(exc)}") from None
-        caller = await _authorize(engine, settings, spec, arguments, ctx.params or {}, _identity(ctx))
+        caller = await _authorize(engine, settings, spec, arguments, ctx.params or {}, request_identity(ctx))
         session_key = _session_key(ctx)
         # Only an authenticated principal's session is attached: an anonymous caller (allowed when
         # USP_REQUIRE_AUTHENTICATION is off) could name any profile and would receive its
@@ -116,7 +119,11 @@ def build_server(
             and caller.principal is not None
             and (session_key == STDIO_SESSION or _transport_principal(ctx) == caller.principal)
         ):
-            hub.attach(session_key, caller.profile, _while_authenticated(engine, caller.principal, ctx))
+            hub.attach(
+                session_key,
+                caller.profile,
+                revocable(engine, caller.principal, notification_sender(ctx.session)),
+            )
         try:
             model = spec.arguments.model_validate({k: v for k, v in arguments.items() if k != "_meta"})
         except ValidationError as exc:
@@ -133,6 +140,7 @@ def build_server(
         instructions=_INSTRUCTIONS,
         on_list_tools=list_tools,
         on_call_tool=call_tool,
+        on_subscriptions_listen=listen_handler(engine, settings, hub) if hub is not None else None,
         get_tool_input_schema=lambda name: (
             TOOLS_BY_NAME[name].input_schema
             if name in TOOLS_BY_NAME
@@ -142,6 +150,13 @@ def build_server(
         ),
     )
     server.middleware.append(ProtocolErrors())
+    if hub is not None:
+        # Advertised in capabilities (``server/discover``, ``initialize``): the webhook stream.
+        server.extensions[EXTENSION_IDENTIFIER] = {
+            "method": WEBHOOK_METHOD,
+            "listen_filter": dict(LISTEN_FILTER),
+            "cursor_meta_key": CURSOR_META_KEY,
+        }
     return server
 
 
@@ -193,33 +208,9 @@ async def _authorize(
         raise MCPError(code=exc.code, message=exc.reason, data={"content": exc.detail}) from None
 
 
-def _identity(ctx: ServerRequestContext[Any, Any]) -> Identity | None:
-    """What the HTTP mount authenticated (``None`` over stdio, or when nothing was presented)."""
-    state = getattr(ctx.request, "state", None)
-    identity = getattr(state, "usp_identity", None)
-    return identity if isinstance(identity, Identity) else None
-
-
-def _while_authenticated(engine: Engine, principal: str, ctx: ServerRequestContext[Any, Any]) -> LiveSend:
-    """The session's sender, refusing (so the hub detaches the session) once ``principal`` can no
-    longer authenticate: an open stream outlives the key that opened it, a revocation must not."""
-    send = notification_sender(ctx.session)
-
-    def still() -> bool:
-        with db.session(engine) as session:
-            return still_authenticates(session, principal)
-
-    async def guarded(params: dict[str, Any]) -> None:
-        if not await anyio.to_thread.run_sync(still):
-            raise PermissionError("the principal's credential was revoked")
-        await send(params)
-
-    return guarded
-
-
 def _transport_principal(ctx: ServerRequestContext[Any, Any]) -> str | None:
     """The principal the HTTP mount authenticated, which the SDK binds the session to."""
-    identity = _identity(ctx)
+    identity = request_identity(ctx)
     return identity.principal if identity is not None else None
 
 

@@ -260,4 +260,6 @@ def _in_session(engine: Engine, work: Callable[[Session], _T]) -> _T:
 def _accepts(payment: Payment, requirement: Mapping[str, Any]) -> bool:
     """Whether a v2 payment's ``accepted`` is ``requirement`` (the tier it buys is in ``extra``)."""
     accepted = payment.accepted or {}
-    return bool(accepted.get("extra") == requirement["extra"] and accepted.get("amount") == requirement["amount"])
+    return bool(
+        accepted.get("extra") == requirement["extra"] and accepted.get("amount") == requirement["amount"]
+    )
