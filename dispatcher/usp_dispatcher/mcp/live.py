@@ -30,7 +30,7 @@ from sqlmodel import col, select
 from usp_receiver import SigningKey, sign_notification_params
 from usp_schemas import WEBHOOK_METHOD
 from usp_workers.engine.keycache import NoSigningKey, current_signing_keys
-from usp_workers.engine.outbox import event_matches, reaches
+from usp_workers.engine.outbox import EVENTS_CHANNEL, EVENTS_CHANNEL_SQL, event_matches, reaches
 from usp_workers.settings import ApiSettings
 from usp_workers.storage import db
 from usp_workers.storage.models import EventRecord, Subscription, SubscriptionState, utcnow
@@ -211,6 +211,8 @@ class LiveHub:
         try:
             async with anyio.create_task_group() as task_group:
                 self._task_group, self._wake = task_group, wake
+                if engine.dialect.name == "postgresql":
+                    task_group.start_soon(_hear_commits, engine, committed, wake.set)
                 for attachment in list(self._attachments.values()):
                     self._start(attachment)
                 while True:
@@ -491,6 +493,49 @@ def _chunks(items: Sequence[str], size: int) -> Iterable[Sequence[str]]:
 def _shown(session_key: str) -> str:
     """A session key for logs: a digest, since an HTTP session id lets its holder use the session."""
     return hashlib.sha256(session_key.encode()).hexdigest()[:12]
+
+
+# -- waking up when any process commits an event ------------------------------------------------
+
+
+async def _hear_commits(engine: Engine, committed: _Waker, wake: Callable[[], None]) -> None:
+    """Tell the hub of every commit that emitted events in any process on this PostgreSQL
+    database (the outbox's ``NOTIFY`` on :data:`~usp_workers.engine.outbox.EVENTS_CHANNEL`, with
+    the events' types and audiences), as this process's own commits tell it: a listener on one
+    API process hears an event committed by another, or by a worker, as soon as one committed
+    here. A lost connection is made again; meanwhile (and for what committed then) the polls go
+    on."""
+    import psycopg
+    from psycopg import sql
+
+    conninfo = engine.url.set(drivername="postgresql").render_as_string(hide_password=False)
+    while True:
+        try:
+            async with await psycopg.AsyncConnection.connect(conninfo, autocommit=True) as connection:
+                found = await (await connection.execute(f"SELECT {EVENTS_CHANNEL_SQL}")).fetchone()
+                assert found is not None
+                await connection.execute(sql.SQL("LISTEN {}").format(sql.Identifier(found[0])))
+                async for notification in connection.notifies():
+                    events = _notified(notification.payload)
+                    if events is None:
+                        wake()
+                    else:
+                        committed(events, False)
+        except (psycopg.Error, OSError) as exc:
+            logger.warning("live webhooks: LISTEN %s lost (%s); polling meanwhile", EVENTS_CHANNEL, exc)
+        await anyio.sleep(1.0)
+
+
+def _notified(payload: str) -> list[tuple[str, str | None]] | None:
+    """The ``(event type, audience)`` pairs a ``NOTIFY`` names; ``None`` when it names none (too
+    many to fit, or not ours): then anything may be wanted."""
+    try:
+        pairs = json.loads(payload)
+        return [
+            (str(event_type), None if audience is None else str(audience)) for event_type, audience in pairs
+        ]
+    except (ValueError, TypeError):
+        return None
 
 
 # -- waking up when this process commits an event ------------------------------------------------

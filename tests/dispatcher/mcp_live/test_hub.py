@@ -3,10 +3,12 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime, timedelta
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -172,6 +174,29 @@ async def test_a_commit_in_this_process_wakes_the_hub(prepared: Engine, settings
         await wait_until(lambda: first in acme.event_ids)
         second = emit(prepared, "booking.created", audience=PROFILE)  # only the wake-up can
         await wait_until(lambda: second in acme.event_ids)
+
+
+@pytest.mark.parametrize("database_url", ["postgresql"], indirect=True)
+async def test_a_commit_in_another_process_wakes_the_hub_on_postgresql(
+    prepared: Engine, settings: Settings
+) -> None:
+    """With polling practically off, only the outbox's NOTIFY can bring in an event another
+    process (another API process, a worker) committed."""
+    hub = LiveHub()
+    acme = Inbox()
+    url = prepared.url.render_as_string(hide_password=False)
+    code = (
+        "from tests.dispatcher.mcp_live.support import emit\n"
+        "from usp_workers.storage import db\n"
+        f"print(emit(db.make_engine({url!r}), 'booking.created', audience={PROFILE!r}))"
+    )
+    async with running(hub, prepared, settings, poll_interval=3600):
+        hub.attach("acme", PROFILE, acme)
+        first = emit(prepared, "booking.created", audience=PROFILE)  # the attach's own poll may see it
+        await wait_until(lambda: first in acme.event_ids)
+        done = await anyio.run_process([sys.executable, "-c", code], cwd=Path(__file__).parents[3])
+        elsewhere = done.stdout.decode().strip()
+        await wait_until(lambda: elsewhere in acme.event_ids)
 
 
 async def test_a_commit_no_attached_session_wants_costs_the_hub_no_read(

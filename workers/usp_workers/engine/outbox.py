@@ -31,7 +31,17 @@ from usp_workers.storage.models import (
     utcnow,
 )
 
-__all__ = ["Enqueue", "emit", "event_matches", "new_delivery_row", "reaches", "set_enqueuer", "subject_id_of"]
+__all__ = [
+    "EVENTS_CHANNEL",
+    "EVENTS_CHANNEL_SQL",
+    "Enqueue",
+    "emit",
+    "event_matches",
+    "new_delivery_row",
+    "reaches",
+    "set_enqueuer",
+    "subject_id_of",
+]
 
 logger = logging.getLogger("usp_workers")
 
@@ -42,6 +52,18 @@ _enqueuer: Enqueue | None = None
 _PENDING_KEY = "usp_workers.enqueue_after_commit"
 _SUBSCRIPTIONS_KEY = "usp_workers.active_subscriptions"
 _ROWS_KEY = "usp_workers.deliveries_to_insert"
+_NOTIFY_KEY = "usp_workers.notify_events"
+#: On PostgreSQL, a transaction that emits signals this channel (``NOTIFY``, delivered at its
+#: commit): whoever tails the events table elsewhere (the MCP live hub of every API process)
+#: wakes at once instead of at its next poll. The payload is the JSON list of the ``[event type,
+#: audience]`` of the events flushed, or empty when that would not fit (then: "something").
+EVENTS_CHANNEL = "usp_events"
+#: The channel of this schema's events: deployments (and test runs) that share a database in
+#: schemas of their own do not wake each other. A digest keeps it under PostgreSQL's 63 bytes.
+EVENTS_CHANNEL_SQL = f"'{EVENTS_CHANNEL}:' || left(md5(current_schema()), 16)"
+_NOTIFY = sa.text(f"SELECT pg_notify({EVENTS_CHANNEL_SQL}, :payload)")
+#: PostgreSQL refuses a payload of 8,000 bytes or more.
+_MAX_PAYLOAD = 7900
 _deliveries: sa.Table = SQLModel.metadata.tables[Delivery.__tablename__]
 _subscriptions: sa.Table = SQLModel.metadata.tables[Subscription.__tablename__]
 #: A Core statement, not an ORM query: the ORM's compile and row processing cost ~0.3 ms more
@@ -117,6 +139,7 @@ def _emit(
     )
     subscriptions = _active_subscriptions(session)
     session.add(record)
+    session.info.setdefault(_NOTIFY_KEY, []).append((record.event_type, audience))
     rows = []
     for subscription in subscriptions:
         if not (
@@ -231,6 +254,15 @@ def _insert_deliveries(session: Session, _context: Any) -> None:
     rows: list[dict[str, Any]] = session.info.pop(_ROWS_KEY, [])
     if rows:
         session.connection().execute(sa.insert(_deliveries), rows)
+    emitted: list[tuple[str, str | None]] = session.info.pop(_NOTIFY_KEY, [])
+    if emitted:
+        connection = session.connection()
+        if connection.dialect.name == "postgresql":
+            payload = json.dumps(emitted, separators=(",", ":"))
+            connection.execute(
+                _NOTIFY,
+                {"channel": EVENTS_CHANNEL, "payload": payload if len(payload) <= _MAX_PAYLOAD else ""},
+            )
 
 
 class _ActiveSubscription(NamedTuple):
@@ -295,6 +327,7 @@ def _hand_off(session: Session) -> None:
 def _forget(session: Session) -> None:
     session.info.pop(_PENDING_KEY, None)
     session.info.pop(_ROWS_KEY, None)
+    session.info.pop(_NOTIFY_KEY, None)
 
 
 # Registered once on the Session class (so on every session, sqlmodel's included), not per
