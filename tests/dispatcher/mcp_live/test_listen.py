@@ -24,16 +24,30 @@ from sqlalchemy.engine import Engine
 
 from tests.dispatcher.mcp.support import OTHER_PROFILE, PROFILE, ok, usp
 from tests.dispatcher.mcp_live.support import PATIENCE, Platform, emit, wait_until
+from tests.dispatcher.support import event
 from usp_dispatcher import access
 from usp_dispatcher.mcp.http import MCPEndpoint
 from usp_receiver import JWKS
 from usp_receiver.mcp import CURSOR_META_KEY, LISTEN_FILTER_KEY, listen
+from usp_workers.engine import outbox
 from usp_workers.storage import db
 
 pytestmark = pytest.mark.anyio
 
 HOOK = "http://127.0.0.1:9/hooks"
 SUBSCRIPTION_ID = "io.modelcontextprotocol/subscriptionId"
+#: What a 2026-07-28 request carries in ``_meta`` by the spec, and its HTTP headers.
+META = {
+    "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+    "io.modelcontextprotocol/clientInfo": {"name": "raw", "version": "1"},
+    "io.modelcontextprotocol/clientCapabilities": {},
+}
+HEADERS = {
+    "Accept": "application/json, text/event-stream",
+    "Content-Type": "application/json",
+    "MCP-Protocol-Version": "2026-07-28",
+    "Mcp-Method": "subscriptions/listen",
+}
 
 
 @asynccontextmanager
@@ -209,21 +223,10 @@ async def test_a_raw_http_client_written_from_the_spec_hears_the_same(
         "method": "subscriptions/listen",
         "params": {
             "notifications": {LISTEN_FILTER_KEY: True},
-            "_meta": {
-                "io.modelcontextprotocol/protocolVersion": "2026-07-28",
-                "io.modelcontextprotocol/clientInfo": {"name": "raw", "version": "1"},
-                "io.modelcontextprotocol/clientCapabilities": {},
-                "usp": {"profile": PROFILE},
-            },
+            "_meta": META | {"usp": {"profile": PROFILE}},
         },
     }
-    headers = {
-        "Authorization": f"Bearer {acme_key}",
-        "Accept": "application/json, text/event-stream",
-        "Content-Type": "application/json",
-        "MCP-Protocol-Version": "2026-07-28",
-        "Mcp-Method": "subscriptions/listen",
-    }
+    headers = HEADERS | {"Authorization": f"Bearer {acme_key}"}
     frames: list[dict[str, Any]] = []
     async with (
         httpx.AsyncClient(timeout=httpx.Timeout(30, read=PATIENCE)) as http,
@@ -248,3 +251,81 @@ async def test_a_raw_http_client_written_from_the_spec_hears_the_same(
     assert pushed["params"]["_meta"][SUBSCRIPTION_ID] == "raw-1"
     assert await acme.binding.handle(pushed["params"]) is not None
     assert acme.event_ids == [event_id]
+
+
+@pytest.mark.parametrize("database_url", ["postgresql"], indirect=True)
+async def test_a_thousand_events_reach_fifty_listeners_once_each_in_order_per_subject(
+    base_url: str, engine: Engine, endpoint: MCPEndpoint, business_keys: JWKS
+) -> None:
+    """25 platforms with ordered subscriptions, two listen streams each (raw HTTP, as above);
+    1,000 events over 125 bookings: each stream gets its platform's 40, once, in order per
+    booking, each verifying under the business's keys with its own subscription id signed in."""
+    profiles = [f"https://platform{n}.example/profile.json" for n in range(25)]
+    keys = {}
+    with db.session(engine) as session:
+        for n, profile in enumerate(profiles):
+            keys[profile] = access.issue_api_key(session, f"platform{n}")
+    for profile in profiles:
+        async with modern(f"{base_url}/mcp", key=keys[profile]) as client:
+            await subscribe(client, profile, ordering="subject")
+    hub = endpoint.hub
+    assert hub is not None
+    bookings = {profile: [f"bkg_{n}_{b}" for b in range(5)] for n, profile in enumerate(profiles)}
+    streams: dict[tuple[str, int], list[dict[str, Any]]] = {}
+
+    async def listen_raw(http: httpx.AsyncClient, profile: str, index: int) -> None:
+        frames = streams[(profile, index)] = []
+        request = {
+            "jsonrpc": "2.0",
+            "id": f"{index}",
+            "method": "subscriptions/listen",
+            "params": {
+                "notifications": {LISTEN_FILTER_KEY: True},
+                "_meta": META | {"usp": {"profile": profile}},
+            },
+        }
+        headers = HEADERS | {"Authorization": f"Bearer {keys[profile]}"}
+        async with http.stream("POST", f"{base_url}/mcp", json=request, headers=headers) as response:
+            assert response.status_code == 200
+            async for line in response.aiter_lines():
+                if line.startswith("data:"):
+                    frames.append(json.loads(line.removeprefix("data:")))
+                    if len(frames) == 41:  # the acknowledgment and 40 events
+                        return
+
+    async with (
+        httpx.AsyncClient(
+            timeout=httpx.Timeout(30, read=PATIENCE * 4), limits=httpx.Limits(max_connections=60)
+        ) as http,
+        anyio.create_task_group() as task_group,
+    ):
+        for profile in profiles:
+            for index in range(2):
+                task_group.start_soon(listen_raw, http, profile, index)
+        await wait_until(lambda: len(hub.session_keys) == 50)
+        sent: dict[str, list[str]] = {profile: [] for profile in profiles}
+        for n in range(1000):
+            profile = profiles[n % 25]
+            booking_id = bookings[profile][(n // 25) % 5]
+            body = event("booking.confirmed", booking_id=booking_id)
+            body["data"] = body["data"] | {"id": booking_id}
+            with db.session(engine) as session:
+                outbox.emit(session, body, audience=profile)
+                session.commit()
+            sent[profile].append(body["event_id"])
+    platforms = {profile: Platform(business_keys) for profile in profiles}
+    for (profile, index), frames in streams.items():
+        acknowledged, *pushed = frames
+        assert acknowledged["method"] == "notifications/subscriptions/acknowledged"
+        ids = [frame["params"]["event_id"] for frame in pushed]
+        assert sorted(ids) == sorted(sent[profile])  # once each, none of another platform's
+        for booking_id in bookings[profile]:
+            mine = [f["params"]["event_id"] for f in pushed if f["params"]["booking_id"] == booking_id]
+            assert mine == [e for e in sent[profile] if e in set(mine)]  # in the order written
+        assert {frame["params"]["_meta"][SUBSCRIPTION_ID] for frame in pushed} == {f"{index}"}
+        if index == 0:  # every notification of one stream per platform verified in full
+            for frame in pushed:
+                assert await platforms[profile].binding.handle(frame["params"]) is not None
+    for profile, platform in platforms.items():
+        assert platform.event_ids == sent[profile]
+        assert platform.binding.stats.rejected == 0
