@@ -24,6 +24,8 @@ DOCUMENTS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 FRAGMENTS = {
     # needs a running MCP server and keys: tests/receiver/test_mcp_binding.py runs the binding
     "from mcp import Client": "tests/receiver/test_mcp_binding.py",
+    # a 2026 listen stream needs a running server: tests/dispatcher/mcp_live/test_listen.py
+    "# MCP 2026-07-28 (the SDK's default): a listen stream": "tests/dispatcher/mcp_live/test_listen.py",
     # the UCAP agent script: run verbatim by tests/dispatcher/ucap/test_readme.py
     "# ucap_agent.py": "tests/dispatcher/ucap/test_readme.py",
 }
