@@ -147,6 +147,8 @@ async def _subscription_page(
         "types": [t for t in EVENT_TYPES if event_matches(t, health.event_types)],
         "jwks_url": _jwks(request),
         "insecure": _jwks(request).startswith("http:"),
+        "mcp_url": str(request.base_url).rstrip("/") + "/mcp",
+        "profile": portal.subject,
         "path": url.path or "/",
         "sent": sent,
         "problem": problem,

@@ -25,7 +25,9 @@ from tests.dispatcher.admin.browser import screenshot
 from tests.dispatcher.admin.live import Live
 from tests.dispatcher.conftest import ADMIN
 from tests.nodejs import NODE_MODULES, install_node_packages
+from usp_dispatcher import access
 from usp_receiver import SigningKey, sign_request
+from usp_workers.storage import db
 
 pytestmark = pytest.mark.parametrize("database_url", ["postgresql"], indirect=True)
 
@@ -120,6 +122,21 @@ def send_test_event(page: Page) -> str:
     return found.group(0)
 
 
+def hear_live(page: Page, listener: Snippet) -> str:
+    """Send test events until the live listener prints one (the first may go out before its
+    stream is attached: pushes start from there); that event's id."""
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if listener.process.poll() is not None:
+            pytest.fail(f"the MCP snippet exited:\n{listener.output()}")
+        sent = send_test_event(page)
+        for _ in range(30):
+            if f"booking.confirmed {sent} signed by" in listener.output():
+                return sent
+            time.sleep(0.1)
+    pytest.fail(f"the MCP snippet heard nothing:\n{listener.output()}")
+
+
 def refused_without_a_valid_signature(url: str) -> None:
     body = b'{"event":"booking.confirmed","event_id":"evt_forged"}'
     headers = {"Content-Type": "application/json"}
@@ -168,6 +185,23 @@ def test_each_platform_sees_only_its_own_and_both_snippets_verify_a_real_deliver
         expect(page_a.locator(f"tr[data-event={sent_a}] td:nth-child(3) .status-succeeded")).to_have_count(2)
         screenshot(page_a, "portal.png", tmp_path)
     assert receiver_a.output().count(sent_a) == 1, "delivered twice, handled once"
+
+    # The MCP snippet (2026-07-28, shown before the 2025 one), with an API key of Acme's: it hears
+    # a test event live, verified against the published keys.
+    page_a.goto(f"/portal/subscriptions/{sub_a}")
+    snippets = page_a.locator("pre.snippet")
+    ids = [snippets.nth(n).get_attribute("id") for n in range(snippets.count())]
+    assert ids.index("snippet-mcp") < ids.index("snippet-mcp-legacy")
+    with db.session(live.engine) as session:
+        key = access.issue_api_key(session, "acme", profile=ACME)
+    (mcp := tmp_path / "mcp").mkdir()
+    (mcp / "live.py").write_text(page_a.locator("#snippet-mcp").inner_text().replace("YOUR_API_KEY", key))
+    listener = Snippet([sys.executable, "live.py"], mcp, 0)
+    try:
+        heard = hear_live(page_a, listener)
+    finally:
+        listener.stop()
+    assert listener.output().count(heard) == 1
 
     # Globex: the Node.js snippet, with the npm package, verifies its own test event.
     page_b = enter(live, globex, GLOBEX)
