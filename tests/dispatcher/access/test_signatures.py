@@ -8,6 +8,7 @@ import datetime
 import secrets
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 import httpx
 import pytest
@@ -180,17 +181,7 @@ async def test_signature_must_cover_signature_agent(
     agent: Agent, settings: Settings, directories: DirectoryCache
 ) -> None:
     headers = JSON | {"Signature-Agent": f'"{agent.origin}"', "Content-Digest": content_digest(BODY)}
-    member = sign_message(
-        "POST",
-        URL,
-        headers,
-        agent.key,
-        label="sig1",
-        components=("@method", "@authority", "@path", "content-digest"),
-        created=int(time.time()),
-        tag="web-bot-auth",
-    )
-    headers |= {"Signature-Input": member.signature_input, "Signature": member.signature}
+    headers = hand_signed(headers, agent, ("@method", "@authority", "@path", "content-digest"))
     assert "Signature-Agent" in await refused(agent, headers, settings, directories)
 
 
@@ -198,16 +189,7 @@ async def test_signature_must_cover_the_digest_of_a_body(
     agent: Agent, settings: Settings, directories: DirectoryCache
 ) -> None:
     headers = JSON | {"Signature-Agent": f'"{agent.origin}"', "Content-Digest": content_digest(BODY)}
-    member = sign_message(
-        "POST",
-        URL,
-        headers,
-        agent.key,
-        label="sig1",
-        components=("@method", "@authority", "@path", "signature-agent"),
-        created=int(time.time()),
-    )
-    headers |= {"Signature-Input": member.signature_input, "Signature": member.signature}
+    headers = hand_signed(headers, agent, ("@method", "@authority", "@path", "signature-agent"), tag=None)
     assert "missing_component" in await refused(agent, headers, settings, directories)
 
 
@@ -215,34 +197,19 @@ async def test_dictionary_signature_agent(
     agent: Agent, settings: Settings, directories: DirectoryCache
 ) -> None:
     headers = JSON | {"Signature-Agent": f'agent1="{agent.origin}"', "Content-Digest": content_digest(BODY)}
-    member = sign_message(
-        "POST",
-        URL,
-        headers,
-        agent.key,
-        label="sig1",
-        components=("@method", "@authority", "@path", '"signature-agent";key="agent1"', "content-digest"),
-        created=int(time.time()),
-        tag="web-bot-auth",
-    )
-    headers |= {"Signature-Input": member.signature_input, "Signature": member.signature}
+    components = ("@method", "@authority", "@path", '"signature-agent";key="agent1"', "content-digest")
+    headers = hand_signed(headers, agent, components)
     identity = await verify(agent, headers, settings, directories)
     assert identity.principal == f"agent:{agent.origin}"
 
 
 async def test_other_tag_is_refused(agent: Agent, settings: Settings, directories: DirectoryCache) -> None:
-    headers = JSON | {"Signature-Agent": f'"{agent.origin}"'}
-    member = sign_message(
-        "POST",
-        URL,
-        headers,
-        agent.key,
-        label="sig1",
-        components=("@authority", "signature-agent"),
-        created=int(time.time()),
+    headers = hand_signed(
+        JSON | {"Signature-Agent": f'"{agent.origin}"'},
+        agent,
+        ("@authority", "signature-agent"),
         tag="usp-webhook",
     )
-    headers |= {"Signature-Input": member.signature_input, "Signature": member.signature}
     assert "tag_mismatch" in await refused(agent, headers, settings, directories)
 
 
@@ -385,19 +352,37 @@ async def test_http_booking_credential_as_bearer_is_not_an_identity(
 def minimum(agent: Agent, method: str, body: bytes, **fields: str) -> dict[str, str]:
     """Signed as Cloudflare's ``web-bot-auth`` signs by default: ``("@authority" "signature-agent")``
     with ``created``, ``expires``, a 64-byte nonce, ``keyid`` and ``tag``."""
-    headers = {"Signature-Agent": f'"{agent.origin}"', **fields}
     moment = int(time.time())
+    return hand_signed(
+        {"Signature-Agent": f'"{agent.origin}"', **fields},
+        agent,
+        ("@authority", "signature-agent"),
+        method=method,
+        expires=moment + 300,
+        nonce=base64.b64encode(secrets.token_bytes(64)).decode(),
+    )
+
+
+def hand_signed(
+    headers: dict[str, str],
+    agent: Agent,
+    components: tuple[str, ...],
+    *,
+    method: str = "POST",
+    tag: str | None = "web-bot-auth",
+    **params: Any,
+) -> dict[str, str]:
+    """``headers`` with one signature by ``agent`` over ``components``, made now."""
     member = sign_message(
         method,
         URL,
         headers,
         agent.key,
         label="sig1",
-        components=("@authority", "signature-agent"),
-        created=moment,
-        expires=moment + 300,
-        nonce=base64.b64encode(secrets.token_bytes(64)).decode(),
-        tag="web-bot-auth",
+        components=components,
+        created=int(time.time()),
+        tag=tag,
+        **params,
     )
     return headers | {"Signature-Input": member.signature_input, "Signature": member.signature}
 

@@ -101,8 +101,8 @@ def sign_authorization(
     return "0x" + bytes(signed.signature).hex()
 
 
-def start_usdc(api: TestClient, agent: Agent, tier_id: str = PRO) -> dict[str, Any]:
-    """Subscribe ``agent`` to ``tier_id`` with USDC; the x402 requirements to pay."""
+def subscribe_usdc(api: TestClient, agent: Agent, tier_id: str = PRO) -> dict[str, Any]:
+    """Subscribe ``agent`` to ``tier_id`` with USDC; the answer's body."""
     answer = signed(
         api,
         agent,
@@ -111,7 +111,13 @@ def start_usdc(api: TestClient, agent: Agent, tier_id: str = PRO) -> dict[str, A
         {"publisher_id": DEMO_PUBLICATION, "tier_id": tier_id, "payment_method": "usdc"},
     )
     assert answer.status_code == 200, answer.text
-    requirements: dict[str, Any] = answer.json()["accepts"][0]
+    body: dict[str, Any] = answer.json()
+    return body
+
+
+def start_usdc(api: TestClient, agent: Agent, tier_id: str = PRO) -> dict[str, Any]:
+    """Subscribe ``agent`` to ``tier_id`` with USDC; the x402 (v1) requirements to pay."""
+    requirements: dict[str, Any] = subscribe_usdc(api, agent, tier_id)["accepts"][0]
     return requirements
 
 

@@ -25,7 +25,7 @@ from x402.schemas import PaymentRequiredV1, PaymentRequirements
 
 from tests.dispatcher.conftest import MakeClient, MakeSettings, Serve
 from tests.dispatcher.ucap.conftest import Agent, MakeAgent, signed
-from tests.dispatcher.ucap.support import PRO, pay, start_usdc, x402_payment
+from tests.dispatcher.ucap.support import PRO, pay, start_usdc, subscribe_usdc, x402_payment
 from usp_dispatcher.api.app import create_app
 from usp_dispatcher.ucap.payments import sandbox_facilitator_app
 from usp_dispatcher.ucap.seed import DEMO_PAID_POST, DEMO_PUBLICATION
@@ -147,13 +147,7 @@ def test_the_sdk_pays_a_checkout_in_version_2(served: str, alice: Agent, engine:
 
 
 def test_the_sdk_pays_in_version_1(api: TestClient, alice: Agent, engine: Engine) -> None:
-    started = signed(
-        api,
-        alice,
-        "POST",
-        "/v1/subscribe",
-        {"publisher_id": DEMO_PUBLICATION, "tier_id": PRO, "payment_method": "usdc"},
-    ).json()
+    started = subscribe_usdc(api, alice)
     asked = PaymentRequiredV1.model_validate({k: started[k] for k in ("x402Version", "error", "accepts")})
     payload = anyio.run(sdk_client().create_payment_payload, asked)
     assert payload.x402_version == 1
