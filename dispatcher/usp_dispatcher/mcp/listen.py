@@ -75,9 +75,9 @@ def listen_handler(engine: Engine, settings: ApiSettings, hub: LiveHub) -> Liste
         acknowledged = types.SubscriptionsAcknowledgedNotification(
             params=types.SubscriptionsAcknowledgedNotificationParams(notifications=honored, _meta=stamp)
         )
-        if not wanted:  # nothing this server publishes was asked for: an open, quiet stream
+        if not wanted:  # nothing this server publishes was asked for: acknowledged, and closed
             await send(acknowledged)
-            await anyio.sleep_forever()
+            return types.SubscriptionsListenResult(_meta=stamp)
         meta = raw.get("_meta") or {}
         principal, profile = await _listener(engine, settings, ctx, meta, raw)
         cursor = meta.get(CURSOR_META_KEY)

@@ -156,7 +156,8 @@ async def test_a_client_that_does_not_opt_in_hears_nothing(
         async with client.listen(tools_list_changed=True) as stream:
             assert not stream.honored.tools_list_changed  # nothing of MCP's own is published here
             emit(engine, "booking.confirmed", audience=PROFILE)
-            await anyio.sleep(1.0)
+            assert [event async for event in stream] == []  # closed by the server, gracefully
+        await anyio.sleep(1.0)
     assert acme.received == []
 
 
