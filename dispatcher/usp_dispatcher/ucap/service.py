@@ -149,7 +149,7 @@ class UcapService:
                 raise PaymentRefused(
                     "invalid_payment_requirements", "the payment accepted no offer of this post"
                 )
-            settled = await self._settle(payment, chosen, verify_only=True)
+            await self._verify(payment, chosen)  # before anything is written for it
             started = await self.subscribe(
                 agent,
                 {"publisher_id": publisher_id, "tier_id": chosen["extra"]["tier"], "payment_method": "usdc"},
@@ -222,18 +222,16 @@ class UcapService:
             headers={receipt: encode(settled)},
         )
 
-    async def _settle(
-        self, payment: Payment, requirements: Mapping[str, Any], *, verify_only: bool = False
-    ) -> dict[str, Any]:
-        """The facilitator's verification, then (unless ``verify_only``) its settlement;
-        ``requirements`` in the payment's version."""
-        facilitator = facilitator_for(self.ucap, self.sandbox_facilitator)
-        verdict = await facilitator.verify(payment.raw, requirements)
+    async def _verify(self, payment: Payment, requirements: Mapping[str, Any]) -> None:
+        """The facilitator's verification (``requirements`` in the payment's version)."""
+        verdict = await facilitator_for(self.ucap, self.sandbox_facilitator).verify(payment.raw, requirements)
         if not verdict.get("isValid"):
             raise PaymentRefused(str(verdict.get("invalidReason") or "invalid_payment"), "not valid")
-        if verify_only:
-            return verdict
-        settled = await facilitator.settle(payment.raw, requirements)
+
+    async def _settle(self, payment: Payment, requirements: Mapping[str, Any]) -> dict[str, Any]:
+        """The facilitator's verification, then its settlement: what it answered."""
+        await self._verify(payment, requirements)
+        settled = await facilitator_for(self.ucap, self.sandbox_facilitator).settle(payment.raw, requirements)
         if not settled.get("success"):
             raise PaymentRefused(str(settled.get("errorReason") or "unexpected_settle_error"), "not settled")
         return settled
