@@ -13,7 +13,9 @@ then posts events one at a time (``POST /events`` as the business) to A or to B 
 to arrive: the time from sending the request to the notification's arrival, which holds the
 request, the commit, the hub's wake-up (A's own commit hook, or PostgreSQL's ``NOTIFY`` for B's
 commits; on SQLite B's commits wait for A's 0.2 s poll), the signing and the client's
-verification. It prints p50/p95/p99 per case and the raw Ed25519 sign rate of the same run.
+verification. A third case commits the event from the bench's own process (as a worker would) and
+times from the commit's return: the commit-to-notification latency itself. It prints p50/p95/p99
+per case and the raw Ed25519 sign rate of the same run.
 """
 
 # ruff: noqa: E402 (the path fix below must run before the SDK is imported)
@@ -47,6 +49,7 @@ from mcp.client.client import Client
 from mcp.client.streamable_http import streamable_http_client
 from rich.console import Console
 from rich.table import Table
+from sqlalchemy.engine import Engine
 
 from bench.api_process import ApiProcess
 from bench.api_process import api_server as run_api
@@ -56,6 +59,7 @@ from usp_dispatcher.webhooks.samples import sample_event
 from usp_receiver import JWKS
 from usp_receiver.dedupe import MemoryDedupe
 from usp_receiver.mcp import NotificationBinding, ReceivedNotification, listen
+from usp_workers.engine import outbox
 from usp_workers.storage import db
 from usp_workers.storage.models import Subscription
 
@@ -90,7 +94,7 @@ def main() -> None:
         api(url, Path(folder), "b") as b,
     ):
         key = prepare(url)
-        cases = asyncio.run(measure(a, b, key, args.events, args.warmup))
+        cases = asyncio.run(measure(a, b, url, key, args.events, args.warmup))
     after = sign_rate()
     table = Table(
         title=f"usp_webhook push latency, request -> notification received ({args.database}, "
@@ -114,29 +118,56 @@ def main() -> None:
         p50 = statistics.median(ordered)
         table.add_row(
             "2025 session (legacy)" if case.mode == "legacy" else "2026 listen stream",
-            "the listener's API process" if case.via == "A" else "another API process",
+            {"A": "the listener's API process", "B": "another API process", "here": "this process"}[case.via],
             f"{p50:.1f} ms",
             f"{ordered[int(len(ordered) * 0.95) - 1]:.1f} ms",
             f"{ordered[int(len(ordered) * 0.99) - 1]:.1f} ms",
             f"{ordered[-1]:.1f} ms",
             f"{p50 / per_sign_ms:,.0f}",
-            f"{statistics.median(case.answered_ms):.1f} ms",
+            f"{statistics.median(case.answered_ms):.1f} ms" if case.answered_ms else "(from the commit)",
         )
     console.print(table)
     console.print(f"raw Ed25519 signs/s, one core (300 bytes): {raw_signs:,.0f} before, {after:,.0f} after")
 
 
-async def measure(a: ApiProcess, b: ApiProcess, key: str, events: int, warmup: int) -> list[Case]:
-    async with httpx.AsyncClient(timeout=10) as http:
-        keys = JWKS.from_json((await http.get(f"{a.base}/.well-known/usp/jwks.json")).content)
-        cases = []
-        for mode in ("legacy", "2026"):
-            async with platform(a, key, keys, mode) as heard:
-                for via in ("A", "B"):
-                    target = a if via == "A" else b
-                    await push(http, target, heard, warmup)
-                    cases.append(Case(mode, via, *await push(http, target, heard, events)))
+async def measure(a: ApiProcess, b: ApiProcess, url: str, key: str, events: int, warmup: int) -> list[Case]:
+    engine = db.make_engine(url)
+    try:
+        async with httpx.AsyncClient(timeout=10) as http:
+            keys = JWKS.from_json((await http.get(f"{a.base}/.well-known/usp/jwks.json")).content)
+            cases = []
+            for mode in ("legacy", "2026"):
+                async with platform(a, key, keys, mode) as heard:
+                    for via in ("A", "B"):
+                        target = a if via == "A" else b
+                        await push(http, target, heard, warmup)
+                        cases.append(Case(mode, via, *await push(http, target, heard, events)))
+                    await commit_here(engine, heard, warmup)
+                    cases.append(Case(mode, "here", await commit_here(engine, heard, events), []))
+    finally:
+        engine.dispose()
     return cases
+
+
+async def commit_here(engine: Engine, heard: Heard, count: int) -> list[float]:
+    """Events committed by this process (as a worker would), timed from the commit's return."""
+    latencies = []
+    for _ in range(count):
+        body = sample_event("booking.confirmed")
+        event_id = json.loads(body)["event_id"]
+        arrived = heard.expect(event_id)
+        committed = await asyncio.to_thread(_commit, engine, body)
+        async with asyncio.timeout(PATIENCE):
+            await arrived.wait()
+        latencies.append((heard.arrivals[event_id] - committed) * 1000)
+    return latencies
+
+
+def _commit(engine: Engine, body: str) -> float:
+    with db.session(engine) as session:
+        outbox.emit(session, body)
+        session.commit()
+    return time.perf_counter()
 
 
 async def push(

@@ -1,4 +1,5 @@
-"""Any API process serves any 2026 listener: two ``usp-webhooks api`` processes on one PostgreSQL.
+"""Any API process serves any 2026 listener: two ``usp-webhooks api`` processes on one PostgreSQL
+and one Redis (their broker).
 A platform listens on the first with the official client in its default mode; a booking made on
 the second (and an event a third party writes to the database) reaches it, woken by the
 outbox's ``NOTIFY`` rather than the next poll."""
@@ -17,12 +18,14 @@ from pathlib import Path
 import anyio
 import httpx
 import pytest
+import redis
 from sqlalchemy.engine import Engine
 
 from tests.dispatcher.conftest import ADMIN_TOKEN
 from tests.dispatcher.mcp.support import PROFILE, book, free_slots
 from tests.dispatcher.mcp_live.support import Platform, emit, wait_until
 from tests.dispatcher.mcp_live.test_listen import listening, modern, subscribe
+from tests.workers.support import exclusive, redis_db_url
 from usp_dispatcher import access
 from usp_receiver import JWKS
 from usp_workers.storage import db
@@ -37,13 +40,13 @@ def free_port() -> int:
 
 
 @contextmanager
-def api_process(database_url: str, folder: Path, name: str) -> Iterator[str]:
+def api_process(database_url: str, broker_url: str, folder: Path, name: str) -> Iterator[str]:
     """``usp-webhooks api`` on a free port, configured by ``USP_*`` only; its base URL once it
     answers ``/healthz``."""
     port = free_port()
     env = os.environ | {
         "USP_DATABASE_URL": database_url,
-        "USP_BROKER_URL": f"sqla+sqlite:///{folder / 'broker.sqlite3'}",
+        "USP_BROKER_URL": broker_url,
         "USP_ADMIN_TOKEN": ADMIN_TOKEN,
         "USP_ALLOW_PRIVATE_TARGETS": "true",
         "USP_PUBLIC_BASE_URL": f"http://127.0.0.1:{port}",
@@ -75,9 +78,15 @@ def api_process(database_url: str, folder: Path, name: str) -> Iterator[str]:
 
 
 async def test_a_listener_on_one_api_process_hears_a_booking_made_on_another(
-    database_url: str, engine: Engine, tmp_path: Path
+    database_url: str, redis_url: str, engine: Engine, tmp_path: Path
 ) -> None:
-    with api_process(database_url, tmp_path, "api-a") as a, api_process(database_url, tmp_path, "api-b") as b:
+    broker = redis_db_url(redis_url)  # this test worker's database, held alone (what it hands off is dropped)
+    with (
+        redis.Redis.from_url(broker) as client,
+        exclusive(client),
+        api_process(database_url, broker, tmp_path, "api-a") as a,
+        api_process(database_url, broker, tmp_path, "api-b") as b,
+    ):
         with db.session(engine) as session:
             key = access.issue_api_key(session, "acme")
         async with httpx.AsyncClient() as http:
