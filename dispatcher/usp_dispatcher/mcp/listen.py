@@ -19,7 +19,6 @@ from typing import Any, Final
 import anyio
 import anyio.to_thread
 import mcp_types as types
-from anyio.streams.memory import MemoryObjectSendStream
 from mcp.server.context import ServerRequestContext
 from mcp.shared.exceptions import MCPError
 from mcp.shared.subscriptions import SUBSCRIPTION_ID_META_KEY
@@ -28,8 +27,8 @@ from sqlalchemy.engine import Engine
 from usp_dispatcher import access
 from usp_dispatcher.access import AccessError, Caller
 from usp_dispatcher.access.errors import Access, unauthenticated
-from usp_dispatcher.mcp.live import DEFAULT_QUEUE_SIZE, LiveHub, LiveSend, missed_since, webhook_notification
-from usp_dispatcher.mcp.principals import request_identity, revocable
+from usp_dispatcher.mcp.live import DEFAULT_QUEUE_SIZE, LiveHub, missed_since, webhook_notification
+from usp_dispatcher.mcp.principals import request_identity
 from usp_dispatcher.mcp.protocol import INVALID_PARAMS, protocol_error
 from usp_receiver import sign_notification_params
 from usp_receiver.mcp import CURSOR_META_KEY, LISTEN_FILTER_KEY
@@ -87,14 +86,16 @@ def listen_handler(engine: Engine, settings: ApiSettings, hub: LiveHub) -> Liste
         inbox, outbox = anyio.create_memory_object_stream[dict[str, Any]](DEFAULT_QUEUE_SIZE)
 
         async def push(notification_params: dict[str, Any]) -> None:
-            inbox.send_nowait(notification_params)  # full: a stalled stream, ended (see _closing)
+            inbox.send_nowait(notification_params)  # full: a stalled stream, dropped by the hub
 
         async def stamped(notification_params: Mapping[str, Any]) -> None:
             signed = await anyio.to_thread.run_sync(_signed, engine, settings, notification_params, stamp)
             await send(webhook_notification(signed))
 
         key = f"listen:{uuid.uuid4()}"
-        hub.attach(key, profile, _closing(revocable(engine, principal, push), inbox), swept=False)
+        # Dropped by the hub (revoked, not keeping up): the inbox closes, the stream ends, and its
+        # client listens again.
+        hub.attach(key, profile, push, principal=principal, swept=False, on_drop=inbox.close)
         try:
             await send(acknowledged)
             caught_up: set[str] = set()
@@ -156,20 +157,6 @@ async def _listener(
         )
         raise MCPError(code=error.code, message=error.reason, data={"content": error.detail})
     return caller.principal, caller.profile
-
-
-def _closing(send: LiveSend, inbox: MemoryObjectSendStream[dict[str, Any]]) -> LiveSend:
-    """``send``, ending the stream when it fails (a revoked key, a stream not keeping up): the
-    hub detaches it, the handler returns and the client listens again."""
-
-    async def sending(params: dict[str, Any]) -> None:
-        try:
-            await send(params)
-        except BaseException:
-            inbox.close()
-            raise
-
-    return sending
 
 
 def _signed(

@@ -27,6 +27,7 @@ from mcp.server.session import ServerSession
 from sqlalchemy.engine import Engine
 from sqlmodel import col, select
 
+from usp_dispatcher.access.apikeys import still_authenticates
 from usp_receiver import SigningKey, sign_notification_params
 from usp_schemas import WEBHOOK_METHOD
 from usp_workers.engine.keycache import NoSigningKey, current_signing_keys
@@ -118,6 +119,8 @@ class _Attachment:
     outbox: MemoryObjectSendStream[dict[str, Any]]
     inbox: MemoryObjectReceiveStream[dict[str, Any]]
     swept: bool  # whether the transport's ``is_alive`` speaks for it (not for a listen stream)
+    principal: str | None  # who opened it: pushes stop once it no longer authenticates
+    on_drop: Callable[[], None] | None  # told when the hub drops it
     scope: anyio.CancelScope | None = None  # the pump's, once it runs
     started: bool = False
     dropped: bool = False
@@ -164,16 +167,30 @@ class LiveHub:
         """The sessions attached right now."""
         return frozenset(self._attachments)
 
-    def attach(self, session_key: str, profile: str, send: LiveSend, *, swept: bool = True) -> None:
+    def attach(
+        self,
+        session_key: str,
+        profile: str,
+        send: LiveSend,
+        *,
+        principal: str | None = None,
+        swept: bool = True,
+        on_drop: Callable[[], None] | None = None,
+    ) -> None:
         """From now on, send ``session_key`` the events of ``profile`` (idempotent; a session may
-        speak for several profiles, and keeps the ``send`` it first attached with). ``swept``:
-        the transport's ``is_alive`` tells when it is gone; else the caller detaches it."""
+        speak for several profiles, and keeps the ``send`` it first attached with). ``principal``:
+        who opened it, checked at every read that has events for it (a revoked key's sessions are
+        dropped: an open stream outlives the key that opened it, a revocation must not).
+        ``swept``: the transport's ``is_alive`` tells when it is gone; else the caller detaches
+        it. ``on_drop`` is called when the hub drops it (revoked, failing, not keeping up)."""
         existing = self._attachments.get(session_key)
         if existing is not None:
             existing.profiles.add(profile)
             return
         outbox, inbox = anyio.create_memory_object_stream[dict[str, Any]](self._queue_size)
-        attachment = _Attachment(session_key, {profile}, send, utcnow(), outbox, inbox, swept)
+        attachment = _Attachment(
+            session_key, {profile}, send, utcnow(), outbox, inbox, swept, principal, on_drop
+        )
         self._attachments[session_key] = attachment
         if self._task_group is not None:
             self._start(attachment)
@@ -241,10 +258,14 @@ class LiveHub:
             min(attachment.attached_at for attachment in attachments), moment
         )
         profiles = _profiles_of(attachments)
+        principals: dict[str, set[str]] = {}  # who opened the attachments -> their profiles
+        for attachment in attachments:
+            if attachment.principal is not None:
+                principals.setdefault(attachment.principal, set()).update(attachment.profiles)
         changes = self._subscription_changes
         try:
             batch = await anyio.to_thread.run_sync(
-                _read_batch, engine, settings, read_from, tail.seen, profiles
+                _read_batch, engine, settings, read_from, tail.seen, profiles, principals
             )
         except Exception:
             logger.exception("live webhooks: reading new events failed; retrying at the next poll")
@@ -254,6 +275,13 @@ class LiveHub:
             return  # nothing new
         if changes == self._subscription_changes:
             self._patterns = {profile: batch.patterns.get(profile, []) for profile in profiles}
+        for attachment in attachments:
+            if attachment.principal in batch.revoked:
+                logger.info(
+                    "live webhooks: session %s detached: its credential was revoked", _shown(attachment.key)
+                )
+                self._drop(attachment)
+        attachments = [attachment for attachment in attachments if not attachment.dropped]
         for record in batch.events:
             targets = [attachment for attachment in attachments if _wants(attachment, record, batch.patterns)]
             if not targets:
@@ -326,6 +354,8 @@ class LiveHub:
     def _drop(self, attachment: _Attachment) -> None:
         if self._attachments.get(attachment.key) is attachment:
             del self._attachments[attachment.key]
+        if not attachment.dropped and attachment.on_drop is not None:
+            attachment.on_drop()
         attachment.dropped = True
         if attachment.scope is not None:
             attachment.scope.cancel()
@@ -381,14 +411,21 @@ class _Batch:
     # profile -> each active subscription's patterns (None: not read, no event was new)
     patterns: dict[str, list[list[str]]] | None
     key: SigningKey | None
+    revoked: frozenset[str] = frozenset()  # the attached principals that no longer authenticate
 
 
 def _read_batch(
-    engine: Engine, settings: ApiSettings, floor: datetime, seen: dict[str, datetime], profiles: set[str]
+    engine: Engine,
+    settings: ApiSettings,
+    floor: datetime,
+    seen: dict[str, datetime],
+    profiles: set[str],
+    principals: dict[str, set[str]],
 ) -> _Batch:
     """The events at or after ``floor`` the hub has not handled and an attached profile wants,
-    those profiles' subscriptions and the signing key (blocking: run in a thread; ``seen`` is
-    only read). Only the events wanted are read whole."""
+    those profiles' subscriptions, the signing key, and which of ``principals`` (each with the
+    profiles its attachments speak for) no longer authenticate, among those the events are for
+    (blocking: run in a thread; ``seen`` is only read). Only the events wanted are read whole."""
     with db.session(engine) as session:
         rows = session.exec(
             select(
@@ -409,14 +446,22 @@ def _read_batch(
         for profile, event_types in subscriptions:
             if profile is not None:
                 patterns.setdefault(profile, []).append(json.loads(event_types))
-        wanted = [
-            event_id
-            for event_id, _, event_type, audience in unseen
-            if _profiles_want(patterns, event_type, audience)
-        ]
+        wanted = [row for row in unseen if _profiles_want(patterns, row[2], row[3])]
         events: list[EventRecord] = []
-        for chunk in _chunks(wanted, 500):
+        for chunk in _chunks([event_id for event_id, *_ in wanted], 500):
             events.extend(session.exec(select(EventRecord).where(col(EventRecord.id).in_(chunk))).all())
+        touched = {
+            profile
+            for profile in profiles
+            if any(
+                _profiles_want({profile: patterns.get(profile, [])}, kind, to) for _, _, kind, to in wanted
+            )
+        }
+        revoked = frozenset(
+            principal
+            for principal, theirs in principals.items()
+            if theirs & touched and not still_authenticates(session, principal)
+        )
     if not events:
         return _Batch(window, [], patterns, None)
     events.sort(key=lambda record: (record.created_at, record.id))
@@ -424,7 +469,7 @@ def _read_batch(
         key: SigningKey | None = current_signing_keys(engine, settings)[0]
     except NoSigningKey:
         key = None
-    return _Batch(window, events, patterns, key)
+    return _Batch(window, events, patterns, key, revoked)
 
 
 def missed_since(engine: Engine, profile: str, event_id: str, limit: int) -> list[dict[str, Any]] | None:

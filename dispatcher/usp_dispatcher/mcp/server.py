@@ -21,7 +21,7 @@ from usp_dispatcher import access
 from usp_dispatcher.access import AccessError, Caller, Identity
 from usp_dispatcher.mcp.listen import LISTEN_FILTER, listen_handler
 from usp_dispatcher.mcp.live import LiveHub, notification_sender
-from usp_dispatcher.mcp.principals import request_identity, revocable
+from usp_dispatcher.mcp.principals import request_identity
 from usp_dispatcher.mcp.protocol import (
     INVALID_PARAMS,
     METHOD_NOT_FOUND,
@@ -120,9 +120,7 @@ def build_server(
             and (session_key == STDIO_SESSION or _transport_principal(ctx) == caller.principal)
         ):
             hub.attach(
-                session_key,
-                caller.profile,
-                revocable(engine, caller.principal, notification_sender(ctx.session)),
+                session_key, caller.profile, notification_sender(ctx.session), principal=caller.principal
             )
         try:
             model = spec.arguments.model_validate({k: v for k, v in arguments.items() if k != "_meta"})

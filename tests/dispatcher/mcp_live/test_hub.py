@@ -19,6 +19,7 @@ from sqlalchemy.engine import Engine
 from tests.dispatcher.mcp.support import OTHER_PROFILE, PROFILE
 from tests.dispatcher.mcp_live.support import emit, wait_until
 from tests.dispatcher.support import event
+from usp_dispatcher import access
 from usp_dispatcher.mcp.live import RECENT, LiveHub, _Tail
 from usp_receiver import JWKS, verify_notification_params
 from usp_workers.engine import keys, outbox
@@ -350,3 +351,29 @@ def test_the_tail_forgets_what_fell_below_the_floor_and_counts_a_reread_once() -
     assert tail.floors(start, moment=100.0) == (start, start)
     assert tail.floors(start, moment=100.1) == (at["d"] - timedelta(seconds=RECENT), start)
     assert tail.floors(start, moment=101.0) == (start, start)
+
+
+async def test_a_revoked_principal_is_dropped_at_the_next_read_that_has_events_for_it(
+    prepared: Engine, settings: Settings
+) -> None:
+    """The hub checks who opened each attachment once per read (not once per notification): a
+    revoked key's attachment gets nothing more and is told it was dropped; another's goes on."""
+    with db.session(prepared) as session:
+        access.issue_api_key(session, "acme")
+        access.issue_api_key(session, "globex")
+    hub = LiveHub()
+    acme, globex, dropped = Inbox(), Inbox(), []
+    async with running(hub, prepared, settings):
+        hub.attach("acme", PROFILE, acme, principal="key:acme", on_drop=lambda: dropped.append("acme"))
+        hub.attach("globex", OTHER_PROFILE, globex, principal="key:globex")
+        first = emit(prepared, "booking.created", audience=PROFILE)
+        await wait_until(lambda: first in acme.event_ids)
+        with db.session(prepared) as session:
+            (row,) = [key for key in access.list_api_keys(session) if key.principal == "acme"]
+            assert access.revoke_api_key(session, row.id)
+        after = emit(prepared, "booking.confirmed", audience=PROFILE)
+        theirs = emit(prepared, "booking.confirmed", audience=OTHER_PROFILE)
+        await wait_until(lambda: dropped == ["acme"] and theirs in globex.event_ids)
+        assert hub.session_keys == frozenset({"globex"})
+    assert acme.event_ids == [first]
+    assert after not in acme.event_ids
