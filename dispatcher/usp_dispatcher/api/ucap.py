@@ -154,9 +154,10 @@ async def content_by_url(request: Request, url: Annotated[str, Query(max_length=
 
 @router.post("/v1/subscribe")
 async def subscribe_route(request: Request) -> JSONResponse:
-    """A pending subscription and its checkout (with x402 requirements for ``usdc``)."""
+    """A pending subscription and its checkout; for ``usdc``, 402 with x402's requirements, and
+    the same request with an x402 payment pays it."""
     service, agent, body = await _agent(request)
-    return _send(await service.subscribe(agent, _json(body)))
+    return _send(await service.subscribe(agent, _json(body), request.headers))
 
 
 @router.get("/v1/entitlements")

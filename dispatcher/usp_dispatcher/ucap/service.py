@@ -47,6 +47,7 @@ from usp_dispatcher.ucap.subscriptions import (
     checkout_of,
     fulfil,
     list_entitlements,
+    open_usdc_checkout,
     subscribe,
 )
 from usp_dispatcher.ucap.tables import TierRow
@@ -56,6 +57,7 @@ from usp_dispatcher.ucap.x402 import (
     V1_PAYMENT_RESPONSE,
     Payment,
     PaymentRefused,
+    carries_payment,
     encode,
     payment_from_headers,
     payment_required,
@@ -172,8 +174,23 @@ class UcapService:
 
         return await self._db(work)
 
-    async def subscribe(self, agent: Agent, arguments: Any) -> Answer:
+    async def subscribe(
+        self, agent: Agent, arguments: Any, headers: Mapping[str, str] | None = None
+    ) -> Answer:
+        """A pending subscription and its checkout; for ``usdc``, 402 with x402's requirements.
+        The same request sent again with an x402 payment pays the checkout the first one opened
+        (the one a v2 payment names, else the agent's newest for the tier; a new one if none):
+        an x402 client subscribes and pays in one exchange."""
         args: SubscribeIn = parsed(SubscribeIn, arguments)
+        if args.payment_method == "usdc" and headers is not None and carries_payment(headers):
+            named = _named_checkout(headers, self.base_url)
+            checkout_id = await self._db(lambda s: open_usdc_checkout(s, agent, args, named))
+            if checkout_id is None:
+                opened = await self._db(
+                    lambda s: subscribe(s, agent, args, settings=self.ucap, base_url=self.base_url)
+                )
+                checkout_id = opened.body["checkout"]["session_id"]
+            return await self.pay(checkout_id, headers)
         return await self._db(lambda s: subscribe(s, agent, args, settings=self.ucap, base_url=self.base_url))
 
     async def entitlements(self, agent: Agent) -> Answer:
@@ -253,6 +270,20 @@ class UcapService:
 def _in_session(engine: Engine, work: Callable[[Session], _T]) -> _T:
     with db.session(engine) as session:
         return work(session)
+
+
+def _named_checkout(headers: Mapping[str, str], base_url: str) -> str | None:
+    """The checkout a v2 payment's ``resource`` names (``…/v1/checkout/{id}/pay``), if any."""
+    try:
+        payment = payment_from_headers(headers)
+    except PaymentRefused:
+        return None  # judged when it is paid
+    resource = payment.raw.get("resource") if payment is not None else None
+    url = resource.get("url") if isinstance(resource, dict) else None
+    prefix = f"{base_url}/v1/checkout/"
+    if not isinstance(url, str) or not url.startswith(prefix) or not url.endswith("/pay"):
+        return None
+    return url.removeprefix(prefix).removesuffix("/pay") or None
 
 
 def _accepts(payment: Payment, requirement: Mapping[str, Any]) -> bool:

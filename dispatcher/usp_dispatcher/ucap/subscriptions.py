@@ -53,6 +53,7 @@ __all__ = [
     "checkout_of",
     "fulfil",
     "list_entitlements",
+    "open_usdc_checkout",
     "subscribe",
 ]
 
@@ -137,16 +138,40 @@ def subscribe(
     }
     if opened.requirements is None:
         return Answer(body)
+    # USDC is asked for as x402 asks (402, PAYMENT-REQUIRED): an x402 client pays by sending the
+    # same request again with its payment (see open_usdc_checkout), a checkout-reading one reads on.
     offer = StoredOffer(opened.requirements["resource"], opened.requirements["accepts"][0])
     fields, headers = offer.asked("X-PAYMENT header is required")
-    return Answer(body | fields, headers=headers)
+    return Answer(body | fields, status=402, headers=headers)
+
+
+def open_usdc_checkout(
+    session: Session, agent: Agent, args: SubscribeIn, checkout_id: str | None = None
+) -> str | None:
+    """The open USDC checkout of ``agent`` for ``args``' tier that a payment sent with a repeated
+    ``subscribe`` pays: ``checkout_id`` (the one a v2 payment names) when it is such a checkout,
+    else the newest; None when there is none (a new one is opened)."""
+    query = (
+        select(CheckoutRow.id)
+        .join(SubscriptionRow, col(SubscriptionRow.id) == col(CheckoutRow.subscription_id))
+        .where(SubscriptionRow.agent_id == agent.id)
+        .where(SubscriptionRow.tier_id == args.tier_id)
+        .where(CheckoutRow.provider == "usdc")
+        .where(CheckoutRow.status == CheckoutStatus.OPEN.value)
+        .where(col(CheckoutRow.expires_at) > utcnow())
+    )
+    if checkout_id is not None and session.exec(query.where(CheckoutRow.id == checkout_id)).first():
+        return checkout_id
+    newest: str | None = session.exec(query.order_by(col(CheckoutRow.created_at).desc())).first()
+    return newest
 
 
 def _message(provider: str) -> str:
     if provider == "usdc":
         return (
-            "Pay with USDC: send an x402 payment (PAYMENT-SIGNATURE for the PAYMENT-REQUIRED header, "
-            "or X-PAYMENT for accepts[0]) to its resource URL, or ask the human to open checkout.url."
+            "Pay with USDC: send this request again, or one to accepts[0].resource, with an x402 payment "
+            "(PAYMENT-SIGNATURE for the PAYMENT-REQUIRED header, or X-PAYMENT for accepts[0]); or ask "
+            "the human to open checkout.url."
         )
     return "Complete payment at checkout.url to activate the subscription."
 

@@ -164,8 +164,9 @@ def list_entries() -> list[types.Tool]:
 def tool_result(name: str, status: int, body: Mapping[str, Any]) -> types.CallToolResult:
     """A ``/v1`` answer as the tool's result: ``read_content`` answers ``{"status": "ok",
     "content": …}`` on a 200 and ``{"status": "payment_required", "offers": […], "message": …}`` on
-    a 402 (the seed's example); the others answer the HTTP body. A refusal (4xx) is a result with
-    ``isError`` and a ``messages[]`` entry naming UCAP's code."""
+    a 402 (the seed's example); the others answer the HTTP body (``subscribe``'s 402 for ``usdc``
+    too: the payment details). A refusal (4xx) is a result with ``isError`` and a ``messages[]``
+    entry naming UCAP's code."""
     if name == "read_content" and status == 402:
         structured: dict[str, Any] = {
             "status": "payment_required",
@@ -179,7 +180,7 @@ def tool_result(name: str, status: int, body: Mapping[str, Any]) -> types.CallTo
         return types.CallToolResult(
             content=[types.TextContent(type="text", text=text)], structured_content=structured
         )
-    if status >= 400:
+    if status >= 400 and status != 402:  # a 402 of subscribe (usdc) is its answer, not a refusal
         raw = body.get("error")
         error: Mapping[str, Any] = raw if isinstance(raw, dict) else {}
         code = str(error.get("code") or body.get("reason") or "error")

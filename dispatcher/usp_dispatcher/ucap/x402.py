@@ -33,6 +33,7 @@ __all__ = [
     "PaymentRefused",
     "as_v1",
     "caip2",
+    "carries_payment",
     "check_exact",
     "encode",
     "payment_from_headers",
@@ -180,6 +181,12 @@ class Payment:
     @property
     def payer(self) -> str:
         return self.authorization["from"]
+
+
+def carries_payment(headers: Mapping[str, str]) -> bool:
+    """Whether a request carries an x402 payment of either version (well-formed or not)."""
+    names = {name.lower() for name in headers}
+    return PAYMENT_SIGNATURE.lower() in names or V1_PAYMENT.lower() in names
 
 
 def payment_from_headers(headers: Mapping[str, str]) -> Payment | None:

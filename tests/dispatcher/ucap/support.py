@@ -102,7 +102,7 @@ def sign_authorization(
 
 
 def subscribe_usdc(api: TestClient, agent: Agent, tier_id: str = PRO) -> dict[str, Any]:
-    """Subscribe ``agent`` to ``tier_id`` with USDC; the answer's body."""
+    """Subscribe ``agent`` to ``tier_id`` with USDC; the answer's body (a 402: x402 asks)."""
     answer = signed(
         api,
         agent,
@@ -110,7 +110,7 @@ def subscribe_usdc(api: TestClient, agent: Agent, tier_id: str = PRO) -> dict[st
         "/v1/subscribe",
         {"publisher_id": DEMO_PUBLICATION, "tier_id": tier_id, "payment_method": "usdc"},
     )
-    assert answer.status_code == 200, answer.text
+    assert answer.status_code == 402, answer.text
     body: dict[str, Any] = answer.json()
     return body
 

@@ -51,7 +51,8 @@ def test_find_pay_and_read_a_paid_post(api: TestClient, alice: Agent, engine: En
         "/v1/subscribe",
         {"publisher_id": DEMO_PUBLICATION, "tier_id": PRO, "payment_method": "usdc"},
     )
-    assert started.status_code == 200, started.text
+    assert started.status_code == 402, started.text  # x402 asks: the body and PAYMENT-REQUIRED
+    assert "PAYMENT-REQUIRED" in started.headers
     body = started.json()
     assert body["status"] == "pending_payment"
     assert body["x402Version"] == 1

@@ -30,7 +30,7 @@ from usp_dispatcher.api.app import create_app
 from usp_dispatcher.ucap.payments import sandbox_facilitator_app
 from usp_dispatcher.ucap.seed import DEMO_PAID_POST, DEMO_PUBLICATION
 from usp_dispatcher.ucap.settings import UcapSettings
-from usp_dispatcher.ucap.tables import EntitlementRow
+from usp_dispatcher.ucap.tables import EntitlementRow, SubscriptionRow
 from usp_workers.storage import db
 
 READ = f"/v1/content/{DEMO_PUBLICATION}/{DEMO_PAID_POST}"
@@ -146,14 +146,20 @@ def test_the_sdk_pays_a_checkout_in_version_2(served: str, alice: Agent, engine:
     assert [e.tier_id for e in entitlements(engine)] == [PRO]
 
 
-def test_the_sdk_pays_in_version_1(api: TestClient, alice: Agent, engine: Engine) -> None:
+@pytest.mark.parametrize("where", ["the resource", "the subscribe request again"])
+def test_the_sdk_pays_in_version_1(api: TestClient, alice: Agent, engine: Engine, where: str) -> None:
+    """The SDK's v1 path, from the 402 body's ``accepts``, sent where a v1 client sends it."""
     started = subscribe_usdc(api, alice)
     asked = PaymentRequiredV1.model_validate({k: started[k] for k in ("x402Version", "error", "accepts")})
     payload = anyio.run(sdk_client().create_payment_payload, asked)
     assert payload.x402_version == 1
     fields = x402HTTPClient(sdk_client()).encode_payment_signature_header(payload)
     assert set(fields) == {"X-PAYMENT"}
-    paid = pay(api, alice, started["accepts"][0], fields["X-PAYMENT"])
+    if where == "the resource":
+        paid = pay(api, alice, started["accepts"][0], fields["X-PAYMENT"])
+    else:
+        body = {"publisher_id": DEMO_PUBLICATION, "tier_id": PRO, "payment_method": "usdc"}
+        paid = signed(api, alice, "POST", "/v1/subscribe", body, headers=fields)
     assert paid.status_code == 200, paid.text
     assert json.loads(base64.b64decode(paid.headers["X-PAYMENT-RESPONSE"]))["success"] is True
     assert [e.tier_id for e in entitlements(engine)] == [PRO]
@@ -268,3 +274,27 @@ def test_a_payment_header_that_is_not_a_payment_is_a_402_with_its_reason(
     wrong_version = base64.b64encode(json.dumps({"x402Version": 1}).encode()).decode()
     refused = signed(api, alice, "POST", path, headers={"PAYMENT-SIGNATURE": wrong_version})
     assert refused.json()["error"] == "invalid_x402_version"
+
+
+def test_the_sdk_subscribes_and_pays_in_one_exchange(served: str, alice: Agent, engine: Engine) -> None:
+    """``POST /v1/subscribe`` with ``usdc`` answers 402 as x402 asks; the SDK sends it again with
+    its payment, which pays the checkout the first one opened: one subscription, active."""
+
+    async def main() -> tuple[httpx.Response, httpx.Response]:
+        async with paying(alice, sdk_client()) as http:
+            subscribed = await http.post(
+                served + "/v1/subscribe",
+                json={"publisher_id": DEMO_PUBLICATION, "tier_id": PRO, "payment_method": "usdc"},
+            )
+        async with httpx.AsyncClient(transport=AgentSigning(alice)) as plain:
+            return subscribed, await plain.get(served + READ)
+
+    subscribed, read = anyio.run(main)
+    assert subscribed.status_code == 200, subscribed.text
+    assert subscribed.json()["status"] == "active"
+    assert receipt(subscribed, "PAYMENT-RESPONSE")["success"] is True
+    assert read.status_code == 200
+    assert [e.tier_id for e in entitlements(engine)] == [PRO]
+    with db.session(engine) as session:
+        statuses = session.exec(select(SubscriptionRow.status)).all()
+    assert statuses == ["active"]  # the retry paid the first request's checkout, opened no other
