@@ -10,7 +10,6 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-import httpx
 import pytest
 from http_message_signatures import HTTPMessageVerifier, MappingKeyResolver, algorithms
 from sqlalchemy.engine import Engine
@@ -414,66 +413,6 @@ async def test_a_stricter_required_set_is_a_setting_and_the_refusal_names_what_i
     assert '"@method"' in detail
     assert '"@path"' in detail
     assert await verify(agent, signed(agent), strict, directories)  # ours covers them
-
-
-def openbotauth_base(components: list[str], params: str, method: str, headers: dict[str, str]) -> bytes:
-    """The signature base as OpenBotAuth's bot-cli ``request-signer.ts`` and verifier-service
-    ``buildSignatureBase`` build it (transcribed from their TypeScript): a ``;key`` member of
-    ``signature-agent`` becomes ``"signature-agent": <key>="<url>"``, a whole field its raw value."""
-    url = httpx.URL(URL)
-    lines = []
-    for component in components:
-        if component == "@method":
-            lines.append(f'"@method": {method}')
-        elif component == "@path":
-            lines.append(f'"@path": {url.path}')
-        elif component == "@authority":
-            lines.append(f'"@authority": {url.netloc.decode()}')
-        elif component.startswith("signature-agent;key="):
-            member = component.split('"')[1]
-            value = headers["Signature-Agent"].split('="', 1)[1].rstrip('"')
-            lines.append(f'"signature-agent": {member}="{value}"')
-        else:
-            lines.append(f'"{component}": {headers[next(k for k in headers if k.lower() == component)]}')
-    lines.append(f'"@signature-params": {params}')
-    return "\n".join(lines).encode()
-
-
-async def test_openbotauths_signature_verifies_here(
-    agent: Agent, settings: Settings, directories: DirectoryCache
-) -> None:
-    """Signed as bot-cli signs (dictionary Signature-Agent, its ``;key`` member covered in its own
-    base form, ``content-type`` on a body, no digest)."""
-    moment = int(time.time())
-    components = ["@method", "@path", "@authority", 'signature-agent;key="sig1"', "content-type"]
-    covered = " ".join(f'"{c}"' if ";" not in c else '"signature-agent";key="sig1"' for c in components)
-    params = (
-        f'({covered});created={moment};expires={moment + 300};nonce="{secrets.token_urlsafe(64)}"'
-        f';keyid="{jwk_thumbprint(agent.key.public.jwk)}";alg="ed25519";tag="web-bot-auth"'
-    )
-    headers = JSON | {"Signature-Agent": f'sig1="{agent.origin}"'}
-    signature = agent.key.sign(openbotauth_base(components, params, "POST", headers))
-    headers |= {
-        "Signature-Input": f"sig1={params}",
-        "Signature": f"sig1=:{base64.b64encode(signature).decode()}:",
-    }
-    identity = await verify(agent, headers, settings, directories)
-    assert identity.key_thumbprint == jwk_thumbprint(agent.key.public.jwk)
-
-
-def test_our_signature_verifies_in_openbotauths_base_form() -> None:
-    """What our agent signs, rebuilt as OpenBotAuth's verifier rebuilds it, holds under the key."""
-    key = SigningKey.generate()
-    fields = web_bot_auth_headers(
-        "POST", URL, BODY, key, signature_agent="https://registry.example/jwks/a.json"
-    )
-    params = fields["Signature-Input"].removeprefix("sig1=")
-    components = [c.strip('"') for c in params[1 : params.index(")")].split(" ")]
-    assert components == ["@method", "@path", "@authority", "signature-agent", "content-type"]
-    assert f'keyid="{jwk_thumbprint(key.public.jwk)}"' in params
-    assert all(f";{p}=" in params for p in ("created", "expires", "nonce", "alg", "tag"))
-    signature = base64.b64decode(fields["Signature"].removeprefix("sig1=:").rstrip(":"))
-    assert key.public.verify(signature, openbotauth_base(components, params, "POST", fields))
 
 
 def test_our_signature_verifies_with_http_message_signatures() -> None:

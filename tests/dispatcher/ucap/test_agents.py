@@ -18,7 +18,33 @@ from fastapi.testclient import TestClient
 from tests.dispatcher.conftest import MakeClient
 from tests.dispatcher.ucap.conftest import Agent as SignedAgent
 from tests.dispatcher.ucap.conftest import Registry, signed
+from usp_dispatcher.access.signatures import web_bot_auth_headers
 from usp_dispatcher.ucap.seed import DEMO_PAID_POST, DEMO_PUBLICATION
+from usp_receiver import SigningKey, jwk_thumbprint
+
+
+def openbotauth_base(method: str, url: str, covered: list[str], fields: dict[str, str], params: str) -> bytes:
+    """The signature base as OpenBotAuth builds it, signing (``request-signer.ts``) and verifying
+    (verifier-service ``buildSignatureBase``): a ``;key`` member of ``signature-agent`` is written
+    ``"signature-agent": <key>="<url>"``, a whole field with its raw value. ``covered`` as it
+    writes them (``signature-agent;key="sig1"``), ``fields`` by lower-case name."""
+    parts = urlsplit(url)
+    lines = []
+    for component in covered:
+        if component == "@method":
+            lines.append(f'"@method": {method.upper()}')
+        elif component == "@path":
+            lines.append(f'"@path": {parts.path}')
+        elif component == "@authority":
+            lines.append(f'"@authority": {parts.netloc}')
+        elif component.startswith("signature-agent;key="):
+            member = component.split('"')[1]
+            value = fields["signature-agent"].split('="', 1)[1].rstrip('"')
+            lines.append(f'"signature-agent": {member}="{value}"')
+        else:
+            lines.append(f'"{component}": {fields[component]}')
+    lines.append(f'"@signature-params": {params}')
+    return "\n".join(lines).encode()
 
 
 class OpenBotAuthAgent:
@@ -44,7 +70,6 @@ class OpenBotAuthAgent:
         created: int | None = None,
         nonce: str | None = None,
     ) -> dict[str, str]:
-        parts = urlsplit(url)
         agent = f'sig1="{self.jwks_url}"' if form == "dict" else self.jwks_url
         covered = [
             "@method",
@@ -56,20 +81,6 @@ class OpenBotAuthAgent:
             covered.append("content-type")
         now = int(time.time()) if created is None else created
         nonce = nonce or base64.urlsafe_b64encode(secrets.token_bytes(64)).decode().rstrip("=")
-        lines = []
-        for component in covered:
-            if component == "@method":
-                lines.append(f'"@method": {method.upper()}')
-            elif component == "@path":
-                lines.append(f'"@path": {parts.path}')
-            elif component == "@authority":
-                lines.append(f'"@authority": {parts.netloc}')
-            elif component == "content-type":
-                lines.append('"content-type": application/json')
-            elif component.startswith("signature-agent;"):
-                lines.append(f'"signature-agent": sig1="{self.jwks_url}"')
-            else:
-                lines.append(f'"signature-agent": {agent}')
         formatted = " ".join(
             f'"{c}"' if ";" not in c else '"{}";{}'.format(*c.split(";", 1)) for c in covered
         )
@@ -77,8 +88,9 @@ class OpenBotAuthAgent:
             f'({formatted});created={now};expires={now + 300};nonce="{nonce}";keyid="{self.kid}";'
             'alg="ed25519";tag="web-bot-auth"'
         )
-        lines.append(f'"@signature-params": {params}')
-        signature = base64.b64encode(self.private.sign("\n".join(lines).encode())).decode()
+        fields = {"signature-agent": agent, "content-type": "application/json"}
+        base = openbotauth_base(method, url, covered, fields, params)
+        signature = base64.b64encode(self.private.sign(base)).decode()
         headers = {
             "Signature-Input": f"sig1={params}",
             "Signature": f"sig1=:{signature}:",
@@ -166,3 +178,19 @@ def test_the_rate_limit_answers_429_with_retry_after(make_client: MakeClient, al
     limited = signed(api, alice, "GET", "/v1/entitlements")
     assert limited.json()["reason"] == "rate_limited"
     assert 1 <= int(limited.headers["Retry-After"]) <= 60
+
+
+def test_our_agent_signer_verifies_in_openbotauths_base_form() -> None:
+    """What our agent signs (``web_bot_auth_headers``), rebuilt as OpenBotAuth's verifier rebuilds
+    it, holds under the key: its verifier accepts it."""
+    key = SigningKey.generate()
+    url = "https://pub.example/v1/catalog/search"
+    fields = web_bot_auth_headers("POST", url, b"{}", key, signature_agent="https://registry.example/a.json")
+    params = fields["Signature-Input"].removeprefix("sig1=")
+    covered = [c.strip('"') for c in params[1 : params.index(")")].split(" ")]
+    assert covered == ["@method", "@path", "@authority", "signature-agent", "content-type"]
+    assert f'keyid="{jwk_thumbprint(key.public.jwk)}"' in params
+    assert all(f";{name}=" in params for name in ("created", "expires", "nonce", "alg", "tag"))
+    lowered = {name.lower(): value for name, value in fields.items()}
+    signature = base64.b64decode(fields["Signature"].removeprefix("sig1=:").rstrip(":"))
+    assert key.public.verify(signature, openbotauth_base("POST", url, covered, lowered, params))
