@@ -1,11 +1,22 @@
 """What every string a client sends must be, on every surface (REST, MCP over HTTP and stdio):
-free of NUL. Imports nothing of the web layer, so the stdio MCP server starts without FastAPI."""
+free of NUL; and how deep its JSON may nest. Imports nothing of the web layer, so the stdio MCP
+server starts without FastAPI."""
 
 from __future__ import annotations
 
+import re
 from typing import Final
 
-__all__ = ["NUL_REFUSED", "contains_nul"]
+__all__ = ["MAX_JSON_DEPTH", "NUL_REFUSED", "TOO_DEEP", "contains_nul", "json_too_deep"]
+
+#: The deepest JSON any surface takes: no real message comes near (an event nests about 5 levels,
+#: a tool call about 8); a parser fed 100,000 levels exhausts the stack (RecursionError, or a
+#: crashed process when the C parser runs out of a thread's stack).
+MAX_JSON_DEPTH: Final = 64
+#: The human text of the refusal.
+TOO_DEEP: Final = f"The JSON is nested deeper than {MAX_JSON_DEPTH} levels"
+_STRING: Final = re.compile(rb'"(?:[^"\\]|\\.)*"', re.DOTALL)
+_NOT_BRACKETS: Final = bytes(b for b in range(256) if b not in b"[]{}")
 
 #: The human text of the refusal, over REST and MCP alike.
 NUL_REFUSED: Final = "Strings may not contain the NUL character (U+0000)"
@@ -30,4 +41,28 @@ def contains_nul(value: object) -> bool:
             pending.extend(item.values())
         elif isinstance(item, list | tuple):
             pending.extend(item)
+    return False
+
+
+def json_too_deep(text: bytes | str, limit: int = MAX_JSON_DEPTH) -> bool:
+    """Whether the JSON in ``text`` nests arrays and objects more than ``limit`` deep (brackets in
+    strings do not count), found without parsing it: what a parser must not be given.
+
+    Measured against parsing: a 1 MiB body is judged in about a millisecond when its brackets
+    are fewer than ``limit`` (two ``bytes.count``), otherwise in one pass of its brackets.
+
+    >>> json_too_deep(b"[" * 65 + b"]" * 65), json_too_deep('{"a": [1, "[[[[["]}', limit=2)
+    (True, False)
+    """
+    raw = text.encode() if isinstance(text, str) else text
+    if raw.count(b"[") + raw.count(b"{") <= limit:
+        return False
+    depth = 0
+    for byte in _STRING.sub(b"", raw).translate(None, _NOT_BRACKETS):
+        if byte in b"[{":
+            depth += 1
+            if depth > limit:
+                return True
+        else:
+            depth -= 1
     return False

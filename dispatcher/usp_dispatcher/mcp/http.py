@@ -42,6 +42,7 @@ from usp_dispatcher.mcp.event_store import DEFAULT_MAX_AGE, DEFAULT_MAX_EVENTS, 
 from usp_dispatcher.mcp.live import DEFAULT_POLL_INTERVAL, LiveHub
 from usp_dispatcher.mcp.protocol import INTERNAL_ERROR, error_object, parse_message
 from usp_dispatcher.mcp.server import build_server
+from usp_dispatcher.text import json_too_deep
 from usp_workers.settings import ApiSettings
 
 __all__ = ["HTTP_SESSION_PREFIX", "MCP_PATH", "MCPEndpoint", "ServerFactory", "default_security", "mount_mcp"]
@@ -311,6 +312,8 @@ async def _buffered(receive: Receive) -> tuple[bytes, Receive]:
 
 def _request_id(body: bytes) -> int | str | None:
     """The id of the JSON-RPC request in ``body``, to answer it by; ``None`` when there is none."""
+    if json_too_deep(body):
+        return None
     try:
         document = json.loads(body)
     except ValueError:

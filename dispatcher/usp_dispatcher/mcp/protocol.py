@@ -16,6 +16,7 @@ from mcp.shared.exceptions import MCPError
 from mcp_types import ErrorData
 from pydantic import ValidationError
 
+from usp_dispatcher.text import TOO_DEEP, json_too_deep
 from usp_schemas import (
     ERROR_CODE_WORDS,
     FORBIDDEN,
@@ -210,6 +211,8 @@ def parse_message(text: str | bytes) -> types.JSONRPCMessage | types.JSONRPCErro
     >>> error.id, error.error.code
     (7, -32600)
     """
+    if json_too_deep(text):
+        return _error(None, PARSE_ERROR, f"{TOO_DEEP}.")
     try:
         document = json.loads(text, parse_constant=_no_constants)
     except ValueError:
@@ -221,9 +224,9 @@ def parse_message(text: str | bytes) -> types.JSONRPCMessage | types.JSONRPCErro
     return message
 
 
-def _error(request_id: Any, code: int) -> types.JSONRPCError:
+def _error(request_id: Any, code: int, content: str | None = None) -> types.JSONRPCError:
     return types.JSONRPCError(
-        jsonrpc="2.0", id=request_id, error=types.ErrorData.model_validate(error_object(code))
+        jsonrpc="2.0", id=request_id, error=types.ErrorData.model_validate(error_object(code, content))
     )
 
 

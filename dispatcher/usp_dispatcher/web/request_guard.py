@@ -1,5 +1,5 @@
-"""The REST API's edge: a NUL in the path, query or JSON body (``usp_dispatcher.text``), or a body
-over the size limit, is refused before a route sees it.
+"""The REST API's edge: a NUL in the path, query or JSON body (``usp_dispatcher.text``), JSON
+nested too deep, or a body over the size limit, is refused before a route sees it.
 
 Why it works this way: docs/architecture.md, "Notes by module", ``usp_dispatcher.web.request_guard``.
 """
@@ -13,7 +13,7 @@ from urllib.parse import unquote_to_bytes
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from usp_dispatcher.text import NUL_REFUSED, contains_nul
+from usp_dispatcher.text import NUL_REFUSED, TOO_DEEP, contains_nul, json_too_deep
 from usp_dispatcher.web.problems import problem_response
 
 __all__ = ["MAX_BODY_BYTES", "RefuseNul"]
@@ -23,8 +23,9 @@ MAX_BODY_BYTES: Final = 1024 * 1024
 
 
 class RefuseNul:
-    """ASGI middleware: 422 for a NUL in the path, query or a JSON body string; 413 for a body
-    over :data:`MAX_BODY_BYTES`. Paths in ``skip`` (the MCP endpoint) pass untouched."""
+    """ASGI middleware: 422 for a NUL in the path, query or a JSON body string; 400
+    ``malformed_json`` for a JSON body nested deeper than ``MAX_JSON_DEPTH``; 413 for a body over
+    :data:`MAX_BODY_BYTES`. Paths in ``skip`` (the MCP endpoint) pass untouched."""
 
     def __init__(self, app: ASGIApp, *, skip: Collection[str] = ()) -> None:
         self.app = app
@@ -44,6 +45,9 @@ class RefuseNul:
         messages, body = await _read_body(receive)
         if body is None:
             await _too_large()(scope, receive, send)
+            return
+        if body.lstrip()[:1] in (b"{", b"[") and json_too_deep(body):
+            await _too_deep()(scope, receive, send)
             return
         if _json_has_nul(body):
             await _refuse_nul("the JSON body")(scope, receive, send)
@@ -107,6 +111,10 @@ def _replay(messages: list[Message], receive: Receive) -> Receive:
 
 def _refuse_nul(where: str) -> ASGIApp:
     return problem_response(422, "invalid_request", "Invalid request", f"{NUL_REFUSED}: {where} has one.")
+
+
+def _too_deep() -> ASGIApp:
+    return problem_response(400, "malformed_json", "Malformed JSON", f"{TOO_DEEP}.")
 
 
 def _too_large() -> ASGIApp:

@@ -18,8 +18,10 @@ from hypothesis import strategies as st
 from tests.dispatcher.conftest import ADMIN, MakeClient, MakeSettings
 from tests.dispatcher.support import assert_problem
 from usp_dispatcher.api.app import create_app
-from usp_dispatcher.text import contains_nul
+from usp_dispatcher.text import MAX_JSON_DEPTH, contains_nul, json_too_deep
 from usp_dispatcher.web.request_guard import MAX_BODY_BYTES
+
+JSON_TYPE = {"Content-Type": "application/json"}
 
 
 async def _no_dns(host: str, port: int) -> list[str]:
@@ -81,6 +83,67 @@ def test_utf16_json_is_checked_too(client: TestClient) -> None:
     body = json.dumps({"service_id": "svc\x00"}).encode("utf-16")
     response = client.post("/services/bookings", content=body, headers=ADMIN)
     assert_problem(response, 422, "invalid_request")
+
+
+#: 100,000 levels: json.loads raises RecursionError, or crashes the process in a thread whose C
+#: stack runs out (a segmentation fault in a worker thread, seen on these machines).
+DEEP = 100_000
+DEEP_BODIES = {
+    "arrays": b"[" * DEEP + b"]" * DEEP,
+    "objects": b'{"a":' * DEEP + b"1" + b"}" * DEEP,
+    "in a JSON-RPC message": b'{"jsonrpc":"2.0","id":1,"method":"tools/call","params":'
+    + b'{"a":' * DEEP
+    + b"1"
+    + b"}" * DEEP
+    + b"}",
+}
+JSON_ROUTES = [
+    "/events",
+    "/events/batch",
+    "/services/feed/subscriptions",
+    "/services/bookings",
+    "/admin/subscriptions",
+    "/v1/catalog/search",
+]
+
+
+@pytest.mark.parametrize("shape", DEEP_BODIES)
+def test_json_nested_too_deep_is_malformed_json_on_every_json_route(client: TestClient, shape: str) -> None:
+    for route in JSON_ROUTES:
+        response = client.post(route, content=DEEP_BODIES[shape], headers=ADMIN | JSON_TYPE)
+        problem = assert_problem(response, 400, "malformed_json")
+        assert problem["detail"] == f"The JSON is nested deeper than {MAX_JSON_DEPTH} levels."
+
+
+@pytest.mark.parametrize("shape", DEEP_BODIES)
+@pytest.mark.parametrize("credential", [None, "Bearer test-admin-token-7c1f0e", "Bearer wrong"])
+def test_json_nested_too_deep_is_a_parse_error_on_mcp(
+    client: TestClient, shape: str, credential: str | None
+) -> None:
+    headers = {"Accept": "application/json, text/event-stream", "Host": "127.0.0.1"} | JSON_TYPE
+    if credential is not None:
+        headers["Authorization"] = credential
+    response = client.post("/mcp", content=DEEP_BODIES[shape], headers=headers)
+    if credential == "Bearer wrong":
+        assert response.status_code == 401  # refused before the body is read as JSON-RPC
+        assert response.json()["id"] is None
+        return
+    assert response.status_code == 400
+    assert response.json()["error"]["code"] == -32700
+    assert response.json()["error"]["data"]["content"].startswith("The JSON is nested deeper")
+
+
+def test_the_deepest_json_allowed_is_read_as_usual(client: TestClient) -> None:
+    """At the limit a body is an ordinary (here: invalid) event, not a nesting refusal."""
+    nested: Any = 1
+    for _ in range(MAX_JSON_DEPTH - 2):
+        nested = {"a": nested}
+    body = json.dumps({"event": "booking.created", "data": nested}).encode()
+    assert not json_too_deep(body)
+    response = client.post("/events", content=body, headers=ADMIN | JSON_TYPE)
+    assert response.status_code == 422, response.text
+    assert json_too_deep(b"[" * (MAX_JSON_DEPTH + 1) + b"]" * (MAX_JSON_DEPTH + 1))
+    assert not json_too_deep(b'["' + b"[" * 1000 + b'"]')  # brackets in a string do not nest
 
 
 def test_a_body_over_the_cap_is_413_on_every_route(client: TestClient) -> None:
