@@ -556,7 +556,8 @@ async def _hear_commits(engine: Engine, committed: _Waker, wake: Callable[[], No
     conninfo = engine.url.set(drivername="postgresql").render_as_string(hide_password=False)
     while True:
         try:
-            async with await psycopg.AsyncConnection.connect(conninfo, autocommit=True) as connection:
+            connection = await psycopg.AsyncConnection.connect(conninfo, autocommit=True)
+            try:
                 found = await (await connection.execute(f"SELECT {EVENTS_CHANNEL_SQL}")).fetchone()
                 assert found is not None
                 await connection.execute(sql.SQL("LISTEN {}").format(sql.Identifier(found[0])))
@@ -566,6 +567,9 @@ async def _hear_commits(engine: Engine, committed: _Waker, wake: Callable[[], No
                         wake()
                     else:
                         committed(events, False)
+            finally:
+                with anyio.CancelScope(shield=True):  # the hub stopping cancels us: close all the same
+                    await connection.close()
         except (psycopg.Error, OSError) as exc:
             logger.warning("live webhooks: LISTEN %s lost (%s); polling meanwhile", EVENTS_CHANNEL, exc)
         await anyio.sleep(1.0)
