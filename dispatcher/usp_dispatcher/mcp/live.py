@@ -450,13 +450,14 @@ def _read_batch(
         events: list[EventRecord] = []
         for chunk in _chunks([event_id for event_id, *_ in wanted], 500):
             events.extend(session.exec(select(EventRecord).where(col(EventRecord.id).in_(chunk))).all())
-        touched = {
-            profile
-            for profile in profiles
-            if any(
-                _profiles_want({profile: patterns.get(profile, [])}, kind, to) for _, _, kind, to in wanted
+        # The profiles these events are for: only the principals speaking for them are checked.
+        touched: set[str] = set()
+        for _, _, kind, to in wanted if principals else ():
+            touched.update(
+                p for p in profiles - touched if _profiles_want({p: patterns.get(p, [])}, kind, to)
             )
-        }
+            if len(touched) == len(profiles):
+                break
         revoked = frozenset(
             principal
             for principal, theirs in principals.items()

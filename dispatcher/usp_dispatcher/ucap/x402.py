@@ -280,7 +280,7 @@ def check_exact(payment: Payment, requirement: Mapping[str, Any], now: float) ->
         raise PaymentRefused(
             "invalid_exact_evm_payload_signature", "the authorization is not signed by its from address"
         )
-    return auth["from"]
+    return payment.payer
 
 
 def _same_requirement(accepted: Mapping[str, Any], requirement: Mapping[str, Any]) -> bool:
