@@ -593,6 +593,49 @@ async def test_recover_back_fills_what_a_disabled_subscription_missed(
     assert (again.total, operations.run_job(database, again.id, now=clock).backfilled) == (0, 0)
 
 
+def test_recover_back_fills_only_what_was_accepted_while_the_subscription_existed_and_was_off(
+    database: Engine, endpoints: Endpoints
+) -> None:
+    """An event accepted before the subscription was created was never its to have, and one
+    accepted while it was on has its delivery (or had, until retention): neither is back-filled,
+    on a subscription never disabled nor on one that was, and the count says so."""
+    before_it = emit_one(database)
+    target = subscribe(database, endpoints.add("late", Answer(200)))
+    while_on = emit_one(database)
+    with database.begin() as connection:  # its delivery pruned, as retention does to old rows
+        connection.execute(sa.delete(Delivery).where(col(Delivery.event_id) == while_on))
+
+    with session(database) as s:
+        never_off = operations.start_recover(s, target, since=utcnow() - timedelta(hours=2))
+    assert (never_off.total, operations.run_job(database, never_off.id).backfilled) == (0, 0)
+    assert deliveries_of(database, subscription_id=target) == []
+
+    with session(database) as s:
+        operations.set_subscription_state(s, target, enabled=False)
+    while_off = emit_one(database)
+    with session(database) as s:
+        job = operations.start_recover(s, target, since=utcnow() - timedelta(hours=2), enable=True)
+    after_on = emit_one(database)
+    assert (job.total, operations.run_job(database, job.id).backfilled) == (1, 1)
+    got = {d.event_id for d in deliveries_of(database, subscription_id=target)}
+    assert got == {while_off, after_on}, (before_it, while_on)
+
+
+def test_a_subscription_whose_disable_notice_was_pruned_is_off_from_the_oldest_moment_known(
+    database: Engine, endpoints: Endpoints
+) -> None:
+    target = subscribe(database, endpoints.add("off", Answer(200)))
+    with session(database) as s:
+        operations.set_subscription_state(s, target, enabled=False)
+    missed = emit_one(database)
+    with database.begin() as connection:
+        connection.execute(sa.delete(Notice).where(col(Notice.kind) == "subscription.disabled"))
+    with session(database) as s:
+        job = operations.start_recover(s, target, since=utcnow() - timedelta(hours=1), enable=True)
+    assert operations.run_job(database, job.id).backfilled == 1
+    assert [d.event_id for d in deliveries_of(database, subscription_id=target)] == [missed]
+
+
 def test_a_job_resumes_from_its_cursor_and_never_sends_a_row_twice(
     database: Engine, endpoints: Endpoints
 ) -> None:

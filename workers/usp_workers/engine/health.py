@@ -32,6 +32,7 @@ __all__ = [
     "NOTICE_BREAKER_OPENED",
     "NOTICE_BREAKER_REOPENED",
     "NOTICE_DISABLED",
+    "NOTICE_ENABLED",
     "Gate",
     "HealthPolicy",
     "Tally",
@@ -51,6 +52,7 @@ __all__ = [
 BACKPRESSURE_MAX = 60.0
 
 NOTICE_DISABLED = "subscription.disabled"
+NOTICE_ENABLED = "subscription.enabled"  #: by an operator (nothing enables a subscription by itself)
 NOTICE_BREAKER_OPENED = "subscription.breaker_opened"
 NOTICE_BREAKER_REOPENED = "subscription.breaker_reopened"  #: its half-open probe failed
 NOTICE_BREAKER_CLOSED = "subscription.breaker_closed"

@@ -14,6 +14,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 from sqlmodel import Session
 
+from usp_workers.engine.health import NOTICE_DISABLED, NOTICE_ENABLED
 from usp_workers.engine.ordering import subject_of
 from usp_workers.engine.outbox import Enqueue, event_matches, new_delivery_row
 from usp_workers.operations.errors import Conflict, NotFound
@@ -24,6 +25,7 @@ from usp_workers.operations.query import (
     _events,
     _in_range,
     _jobs,
+    _notices,
     _subscription,
     _subscriptions,
 )
@@ -372,9 +374,43 @@ def _backfill_batch(
     )
 
 
+def _disabled_spans(
+    s: Session, subscription: Subscription, before: datetime
+) -> list[tuple[datetime, datetime]]:
+    """The spans ``[from, to)`` before ``before`` in which ``subscription`` existed and was
+    disabled, read off its ``subscription.disabled``/``subscription.enabled`` notices.
+
+    Notices are pruned with the events they would explain: an enable whose disable is gone
+    opens its span at the oldest moment still known (the subscription's creation at best).
+    """
+    kinds = (NOTICE_DISABLED, NOTICE_ENABLED)
+    notices = s.connection().execute(
+        sa.select(_notices.c.kind, _notices.c.created_at)
+        .where(
+            _notices.c.subscription_id == subscription.id,
+            _notices.c.kind.in_(kinds),
+            _notices.c.created_at < before,
+        )
+        .order_by(_notices.c.created_at, _notices.c.id)
+    )
+    windows: list[tuple[datetime, datetime]] = []
+    off_since: datetime | None = None
+    seen = False
+    for kind, at in notices:
+        if kind == NOTICE_DISABLED and off_since is None:
+            off_since = at
+        elif kind == NOTICE_ENABLED and (off_since is not None or not seen):
+            windows.append((off_since or subscription.created_at, at))
+            off_since = None
+        seen = True
+    if off_since is not None:
+        windows.append((off_since, before))
+    return [(start, end) for start, end in windows if start < end]
+
+
 def _missed_events(s: Session, subscription: Subscription, params: dict[str, Any]) -> sa.Select[Any]:
-    """The events of the job's range, accepted before it started, that ``subscription`` matches
-    (types, audience) and has no delivery of."""
+    """The events of the job's range, accepted while ``subscription`` was disabled before the job
+    started, that it matches (types, audience) and has no delivery of."""
     since, until = _moment(params["since"]), _moment(params["until"])
     before = _moment(params["backfill_before"])
     assert before is not None
@@ -384,8 +420,12 @@ def _missed_events(s: Session, subscription: Subscription, params: dict[str, Any
     delivered = sa.exists().where(
         _deliveries.c.event_id == _events.c.id, _deliveries.c.subscription_id == subscription.id
     )
+    windows = [
+        sa.and_(_events.c.created_at >= start, _events.c.created_at < end)
+        for start, end in _disabled_spans(s, subscription, before)
+    ]
     statement = sa.select(_events.c.id, _events.c.subject_id, _events.c.created_at).where(
-        _events.c.event_type.in_(types), _events.c.created_at < before, ~delivered
+        _events.c.event_type.in_(types), sa.or_(sa.false(), *windows), ~delivered
     )
     if subscription.platform_profile is not None:  # :func:`usp_workers.engine.outbox.reaches`, in SQL
         statement = statement.where(

@@ -27,6 +27,7 @@ from usp_workers.storage.models import (
     Delivery,
     EventRecord,
     Job,
+    Notice,
     Subscription,
 )
 
@@ -53,6 +54,9 @@ _subscriptions: sa.Table = SQLModel.metadata.tables[Subscription.__tablename__]
 
 
 _jobs: sa.Table = SQLModel.metadata.tables[Job.__tablename__]
+
+
+_notices: sa.Table = SQLModel.metadata.tables[Notice.__tablename__]
 
 
 _S = TypeVar("_S", bound="sa.Select[Any]")

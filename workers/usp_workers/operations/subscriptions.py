@@ -76,7 +76,7 @@ def set_subscription_state(
             subscription.state = SubscriptionState.ACTIVE
             subscription.disabled_reason = None
             session.add(
-                Notice(subscription_id=subscription.id, kind="subscription.enabled", created_at=moment)
+                Notice(subscription_id=subscription.id, kind=health.NOTICE_ENABLED, created_at=moment)
             )
     elif subscription.state != SubscriptionState.DISABLED:
         subscription.state = SubscriptionState.DISABLED
@@ -85,7 +85,7 @@ def set_subscription_state(
         session.add(
             Notice(
                 subscription_id=subscription.id,
-                kind="subscription.disabled",
+                kind=health.NOTICE_DISABLED,
                 detail=DISABLED_BY_OPERATOR,
                 created_at=moment,
             )
