@@ -67,14 +67,13 @@ def create_app(
                 active, resolved, ucap_settings, resolver=lambda: getattr(app.state, "target_resolver", None)
             )
             # Committed events reach the broker at once, not at the scheduler's next pass.
-            tasks.install_enqueuer(resolved)
-            async with mcp_endpoint.serve(active):  # MCP at /mcp, and its live webhooks
-                # Started up: full collections skip what start-up made (usp_workers.runtime.heap), so
-                # they no longer stall requests and the hand-off for up to ~0.2 s each.
-                freeze_startup_heap()
-                yield
+            with tasks.handing_off(resolved):
+                async with mcp_endpoint.serve(active):  # MCP at /mcp, and its live webhooks
+                    # Started up: full collections skip what start-up made (usp_workers.runtime.heap),
+                    # so they no longer stall requests and the hand-off for up to ~0.2 s each.
+                    freeze_startup_heap()
+                    yield
         finally:
-            tasks.uninstall_enqueuer()
             if own_engine:
                 active.dispose()
 

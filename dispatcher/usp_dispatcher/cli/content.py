@@ -98,9 +98,15 @@ def confirm(session_id: Annotated[str, typer.Argument(help="The checkout session
     the subscription is activated and the entitlement granted, once."""
     from usp_dispatcher.ucap.answers import UcapError
     from usp_dispatcher.ucap.subscriptions import fulfil
+    from usp_workers.runtime.tasks import handing_off
 
+    settings = load_settings()
     try:
-        with open_engine(load_settings()) as engine, db.session(engine) as session:
+        with (
+            open_engine(settings) as engine,
+            handing_off(settings),  # its two events go out now, as the API's would
+            db.session(engine) as session,
+        ):
             done = fulfil(session, session_id)
     except UcapError as exc:
         console.print(f"{exc.code}: {exc.detail}", style="red", markup=False)

@@ -151,12 +151,8 @@ def scheduler() -> None:
 
     settings = SchedulerSettings()
     # Events of expired offers reach the broker at once, not at the relay's re-send.
-    tasks.install_enqueuer(settings)
-    try:
-        with housekeeping_thread(settings):
-            run_relay(settings)
-    finally:
-        tasks.uninstall_enqueuer()
+    with tasks.handing_off(settings), housekeeping_thread(settings):
+        run_relay(settings)
 
 
 @app.command()

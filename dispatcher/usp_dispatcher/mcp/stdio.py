@@ -52,20 +52,19 @@ async def serve_stdio(
 ) -> None:
     """Serve one MCP client over the given text streams (default: this process's)."""
     engine = db.make_engine(settings)
-    tasks.install_enqueuer(settings)  # committed events reach the broker at once, as from the API
     try:
-        await anyio.to_thread.run_sync(_prepare_database, engine, settings)
-        hub = LiveHub()  # one session: the pipe, attached by its first privileged call
-        server = build_server(engine, settings, hub=hub)
-        async with (
-            stdio_transport(stdin, stdout) as (read_stream, write_stream),
-            anyio.create_task_group() as tg,
-        ):
-            tg.start_soon(hub.run, engine, settings)
-            await server.run(read_stream, write_stream, server.create_initialization_options())
-            tg.cancel_scope.cancel()
+        with tasks.handing_off(settings):  # committed events reach the broker at once, as from the API
+            await anyio.to_thread.run_sync(_prepare_database, engine, settings)
+            hub = LiveHub()  # one session: the pipe, attached by its first privileged call
+            server = build_server(engine, settings, hub=hub)
+            async with (
+                stdio_transport(stdin, stdout) as (read_stream, write_stream),
+                anyio.create_task_group() as tg,
+            ):
+                tg.start_soon(hub.run, engine, settings)
+                await server.run(read_stream, write_stream, server.create_initialization_options())
+                tg.cancel_scope.cancel()
     finally:
-        tasks.uninstall_enqueuer()
         engine.dispose()
 
 

@@ -39,6 +39,7 @@ class Live:
     hub: Hub
     jwks: JWKS
     worker: WorkerProcess
+    env: dict[str, str]  #: a child process's environment: the service's settings as ``USP_*``
 
     def run(self, *args: str, token: str | None = ADMIN_TOKEN) -> Result:
         env = {"USP_ADMIN_URL": self.base, "COLUMNS": "80"}
@@ -79,11 +80,12 @@ def running_service(
         "connect_timeout": 2.0,
         "total_timeout": 5.0,
     }
-    worker = WorkerProcess(Pipeline(fields, engine, tmp_path, "embedded"), "worker")
+    pipeline = Pipeline(fields, engine, tmp_path, "embedded")
+    worker = WorkerProcess(pipeline, "worker")
     try:
         worker.wait_ready()
         with hub_server() as hub:
-            yield Live(base, engine, hub, jwks, worker)
+            yield Live(base, engine, hub, jwks, worker, pipeline.env())
     finally:
         code = worker.stop()
         print(f"----- worker (exit {code}) -----\n{worker.output()}")

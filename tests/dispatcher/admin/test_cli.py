@@ -11,7 +11,10 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
+import sys
 import threading
+from pathlib import Path
 
 import httpx
 import sqlalchemy as sa
@@ -24,6 +27,10 @@ from tests.dispatcher.conftest import ADMIN
 from tests.workers.endpoints import Answer, UspReceiver
 from usp_dispatcher import cli
 from usp_dispatcher.cli.output import short_id
+from usp_dispatcher.ucap.agents import Agent
+from usp_dispatcher.ucap.seed import DEMO_PUBLICATION
+from usp_dispatcher.ucap.settings import UcapSettings
+from usp_dispatcher.ucap.subscriptions import SubscribeIn, subscribe
 from usp_dispatcher.webhooks.samples import sample_event
 from usp_schemas import EVENT_TYPES, parse_event
 from usp_workers.storage.models import Delivery, DeliveryStatus, Subscription
@@ -88,6 +95,40 @@ def test_recover_runs_as_a_job_in_the_worker_with_progress(live: Live) -> None:
     assert dead["items"] == [], "recovered: no longer in the dead letter"
     shown = live.ok("events", "show", event_ids[0])
     assert "superseded" in shown, "the old row stays as history"
+
+
+def test_a_command_that_emits_hands_its_events_to_the_broker_as_the_api_does(
+    live: Live, tmp_path: Path
+) -> None:
+    """``payments confirm`` commits two events in its own process. Nothing here runs the
+    scheduler, whose relay would send them only after ``requeue_after_seconds``: they arrive
+    because the command handed them to the broker itself before it exited."""
+    receiver = UspReceiver(live.jwks)
+    url, path = live.endpoint("content", receiver)
+    live.subscribe(url, event_types=["content.subscription.activated", "content.entitlement.granted"])
+    with Session(live.engine) as session:
+        started = subscribe(
+            session,
+            Agent("https://agent.example/jwks.json", "thumbprint"),
+            SubscribeIn(publisher_id=DEMO_PUBLICATION, tier_id="tier_ai_weekly_pro", payment_method="usdc"),
+            settings=UcapSettings(),
+            base_url=live.base,
+        )
+    checkout = started.body["checkout"]["session_id"]
+
+    confirmed = subprocess.run(
+        [sys.executable, "-m", "usp_dispatcher.cli", "payments", "confirm", checkout],
+        env=live.env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=WAIT,
+    )
+    assert confirmed.returncode == 0, confirmed.stdout + confirmed.stderr
+    assert "granted" in confirmed.stdout
+    wait_until(lambda: len(receiver.handled) == 2, "both events of the command delivered", live)
+    types = [parse_event(seen.body).event for seen in live.hub.seen(path)]
+    assert sorted(types) == ["content.entitlement.granted", "content.subscription.activated"]
 
 
 def test_recover_with_enable_back_fills_what_a_disabled_subscription_missed(live: Live) -> None:

@@ -11,6 +11,7 @@ import os
 import threading
 import time
 from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from functools import partial
 from typing import Any
 
@@ -36,6 +37,7 @@ __all__ = [
     "enqueue_job",
     "enqueuer",
     "flush_enqueuer",
+    "handing_off",
     "install_enqueuer",
     "run_job",
     "uninstall_enqueuer",
@@ -252,6 +254,19 @@ def install_enqueuer(settings: CommonSettings) -> Celery:
     _installed, _handoff = celery, handoff
     _close(*previous)
     return celery
+
+
+@contextmanager
+def handing_off(settings: CommonSettings) -> Iterator[Celery]:
+    """:func:`install_enqueuer` for the block, then :func:`uninstall_enqueuer` (which publishes
+    what is still held): every process that emits (the API, the scheduler, MCP over stdio, an
+    operator's command) hands its commits to the broker at once instead of leaving them to the
+    relay's re-send."""
+    celery = install_enqueuer(settings)
+    try:
+        yield celery
+    finally:
+        uninstall_enqueuer()
 
 
 def flush_enqueuer(timeout: float | None = 10.0) -> bool:
