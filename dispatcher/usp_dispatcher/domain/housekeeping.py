@@ -16,6 +16,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 from usp_dispatcher.domain import expire_offers, forget_idempotency_keys
+from usp_workers.engine.outage import DATABASE_OUTAGE, database_unavailable
 from usp_workers.settings import SchedulerSettings
 from usp_workers.storage import db
 from usp_workers.storage.models import utcnow
@@ -66,12 +67,18 @@ def _loop(settings: SchedulerSettings, stop: threading.Event) -> None:
         while not stop.is_set():
             try:
                 report = housekeeping_once(engine)
-            except sa.exc.SQLAlchemyError:
-                # The database is down or busy: say so and try again next pass (nothing is lost).
-                logger.exception(
-                    "housekeeping pass failed; retrying in %.1f s", settings.relay_interval_seconds
-                )
+            except sa.exc.SQLAlchemyError as exc:
+                # Nothing is lost: the next pass tries again. An outage is one warning when it
+                # starts and one when it ends, shared with the relay beside it; anything else is
+                # a bug, and its traceback is what the operator needs.
+                if database_unavailable(exc):
+                    DATABASE_OUTAGE.failed(exc)
+                else:
+                    logger.exception(
+                        "housekeeping pass failed; retrying in %.1f s", settings.relay_interval_seconds
+                    )
             else:
+                DATABASE_OUTAGE.succeeded()
                 if report.expired_waitlist_entries or report.forgotten_idempotency_keys:
                     logger.info(
                         "housekeeping: %d waitlist entries expired, %d idempotency keys forgotten",

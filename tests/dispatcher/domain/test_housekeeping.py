@@ -3,12 +3,15 @@ keys are forgotten, in a thread the ``scheduler`` command runs beside the relay.
 
 from __future__ import annotations
 
+import logging
+import re
 import threading
 import time
 from datetime import timedelta
 from typing import Any
 
 import pytest
+import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 from typer.testing import CliRunner
 
@@ -24,6 +27,8 @@ from tests.dispatcher.domain.support import (
     run,
     slot_counts,
 )
+from tests.faults import tcp_proxy
+from tests.postgres import fresh_schema
 from usp_dispatcher import cli, database
 from usp_dispatcher.domain import cancel_booking, create_booking, get_waitlist_entry, join_waitlist
 from usp_dispatcher.domain.housekeeping import IDEMPOTENCY_RETENTION, housekeeping_once, housekeeping_thread
@@ -111,3 +116,48 @@ def test_scheduler_command_runs_housekeeping_beside_the_relay(
     assert seen[0].database_url == settings.database_url
     assert "usp-housekeeping" in seen[1:]
     assert "usp-housekeeping" not in {t.name for t in threading.enumerate()}
+
+
+def test_an_outage_is_one_warning_when_it_starts_and_one_when_it_ends(
+    postgres_url: str, make_settings: MakeSettings, caplog: pytest.LogCaptureFixture
+) -> None:
+    """PostgreSQL unreachable for ~20 passes: the thread says so once, without a traceback, and
+    once more when a pass succeeds again (it logged a traceback per pass)."""
+    with fresh_schema(postgres_url) as schema_url:
+        direct = db.make_engine(schema_url)
+        parsed = sa.make_url(schema_url)
+        try:
+            database.upgrade(direct)
+            with tcp_proxy(parsed.host or "127.0.0.1", parsed.port or 5432) as proxy:
+                proxied = parsed.set(host="127.0.0.1", port=proxy.port).render_as_string(False)
+                settings = make_settings(database_url=proxied, relay_interval_seconds=0.05)
+                proxy.cut()
+                with (
+                    caplog.at_level(logging.INFO),
+                    housekeeping_thread(settings),
+                ):
+                    wait_for(lambda: failures(caplog) >= 1, "the outage noticed")
+                    time.sleep(20 * settings.relay_interval_seconds)
+                    proxy.restore()
+                    wait_for(lambda: "database available again" in caplog.text, "the end of the outage")
+        finally:
+            direct.dispose()
+    said = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert [m.split(" (")[0].split(" after")[0] for m in said] == [
+        "database unavailable",
+        "database available again",
+    ], said
+    assert re.search(r"; (\d+) operations failed meanwhile", said[1]), said[1]
+    assert int(re.findall(r"(\d+) operations failed", said[1])[0]) >= 2, "several passes failed"
+    assert not [r for r in caplog.records if r.exc_info], "no traceback"
+
+
+def failures(caplog: pytest.LogCaptureFixture) -> int:
+    return sum("database unavailable" in r.getMessage() for r in caplog.records)
+
+
+def wait_for(condition: Any, what: str, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"not within {timeout} s: {what}"
+        time.sleep(0.05)
