@@ -18,7 +18,7 @@ from typing import Any, Literal, NamedTuple
 
 import uvicorn
 
-__all__ = ["GRACE", "Served", "running", "serving"]
+__all__ = ["GRACE", "Served", "free_port", "running", "serving"]
 
 #: Seconds a stopping server waits for requests still in progress.
 GRACE = 1
@@ -76,3 +76,11 @@ def running(app: Any) -> Iterator[str]:
     """Serve an application with its lifespan (start-up and shutdown hooks); yield its base URL."""
     with serving(app, lifespan="on") as served:
         yield served.url
+
+
+def free_port() -> int:
+    """A port free on 127.0.0.1 now, for a child process to listen on (it may be taken meanwhile:
+    rare, and the child then fails to start, loudly)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])

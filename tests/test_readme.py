@@ -25,8 +25,8 @@ from typing import Any
 
 import pytest
 
-from tests.dispatcher.cli.test_up import Up, assert_up_delivers_and_stops, free_port
-from tests.servers import running
+from tests.dispatcher.cli.test_up import Up, assert_up_delivers_and_stops
+from tests.servers import free_port, running
 
 REPO = Path(__file__).resolve().parents[1]
 SECTION = "## The two commands"

@@ -48,6 +48,21 @@ class SubscriptionIn(BaseModel):
         description="under subject ordering, what a dead delivery does to its subject's later events:"
         " block (they wait until it is redriven) or skip (they go on)",
     )
+    lease_seconds: int | None = Field(
+        default=None,
+        ge=feed.MIN_LEASE_SECONDS,
+        le=feed.MAX_LEASE_SECONDS,
+        description="a temporary subscription (a listener's): deleted by the scheduler once this many"
+        " seconds pass without POST .../lease renewing it; none: until deleted",
+    )
+
+
+class LeaseIn(BaseModel):
+    """A lease renewal."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    lease_seconds: int = Field(ge=feed.MIN_LEASE_SECONDS, le=feed.MAX_LEASE_SECONDS)
 
 
 class ProfileIn(BaseModel):
@@ -64,7 +79,13 @@ async def create_subscription(
 ) -> JSONResponse:
     """Subscribe a URL to event types (422 when the URL or a pattern is refused)."""
     spec = feed.SubscriptionSpec(
-        body.url, body.transport, body.event_types, body.platform_profile, body.ordering, body.on_dead
+        body.url,
+        body.transport,
+        body.event_types,
+        body.platform_profile,
+        body.ordering,
+        body.on_dead,
+        body.lease_seconds,
     )
     checked = await feed.check_subscription(spec, settings, resolver=resolver)
     subscription = await run_in_threadpool(_add_and_commit, session, checked)
@@ -96,6 +117,14 @@ async def delete_subscription(subscription_id: str, session: SessionDep) -> Resp
     """Disable the subscription (``disabled_reason: deleted``); its deliveries keep their history."""
     await run_in_threadpool(feed.delete_subscription, session, subscription_id)
     return Response(status_code=204)
+
+
+@router.post("/subscriptions/{subscription_id}/lease")
+async def renew_lease(subscription_id: str, body: LeaseIn, session: SessionDep) -> dict[str, Any]:
+    """Extend a leased subscription to ``lease_seconds`` from now (409 when it has no lease or
+    was deleted: subscribe again)."""
+    subscription = await run_in_threadpool(feed.renew_lease, session, subscription_id, body.lease_seconds)
+    return feed.subscription_view(subscription)
 
 
 @router.post("/profiles", status_code=201, responses={200: {"description": "existing subscription updated"}})

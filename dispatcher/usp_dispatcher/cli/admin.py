@@ -7,11 +7,8 @@ from __future__ import annotations
 
 import json
 import re
-import socket
-import threading
 import time
-from collections.abc import Awaitable, Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Annotated, Any, NoReturn
 
@@ -24,9 +21,6 @@ from rich.text import Text
 
 from usp_dispatcher.cli.output import Json, add_row, age, print_json, short_id, table
 from usp_dispatcher.webhooks.samples import sample_event
-from usp_receiver import ReceivedWebhook, RemoteJWKS, Verifier, WebhookReceiver
-from usp_receiver.asgi import WebhookApp
-from usp_receiver.dedupe import MemoryDedupe
 
 __all__ = ["AdminClient", "register"]
 
@@ -81,7 +75,6 @@ def register(app: typer.Typer) -> None:
     app.command()(replay)
     app.command()(recover)
     app.command()(trigger)
-    app.command()(listen)
     app.command("portal-link")(portal_link)
     app.command()(probe)
 
@@ -95,9 +88,9 @@ class AdminClient:
 
     def __init__(self, url: str, token: str | None, *, timeout: float = 30.0) -> None:
         if not token:
-            _fail("no admin token: pass --token or set USP_ADMIN_TOKEN", code=2)
+            fail("no admin token: pass --token or set USP_ADMIN_TOKEN", code=2)
         self.base = url.rstrip("/")
-        self._http = httpx.Client(
+        self.http = httpx.Client(
             base_url=self.base, headers={"Authorization": f"Bearer {token}"}, timeout=timeout
         )
 
@@ -105,13 +98,13 @@ class AdminClient:
         return self
 
     def __exit__(self, *_: object) -> None:
-        self._http.close()
+        self.http.close()
 
     def call(self, method: str, path: str, **kwargs: Any) -> Any:
         try:
-            response = self._http.request(method, path, **kwargs)
+            response = self.http.request(method, path, **kwargs)
         except httpx.HTTPError as exc:
-            _fail(f"cannot reach the API at {self.base}: {type(exc).__name__}", code=2)
+            fail(f"cannot reach the API at {self.base}: {type(exc).__name__}", code=2)
         if response.is_success:
             return response.json() if response.content else None
         try:
@@ -119,10 +112,10 @@ class AdminClient:
             text = f"{problem.get('reason', 'error')}: {problem.get('detail', response.reason_phrase)}"
         except ValueError:
             text = response.reason_phrase
-        _fail(f"{method} {path} answered {response.status_code} {text}")
+        fail(f"{method} {path} answered {response.status_code} {text}")
 
 
-def _fail(message: str, *, code: int = 1) -> NoReturn:
+def fail(message: str, *, code: int = 1) -> NoReturn:
     console.print(Text(message, style="red"))
     raise typer.Exit(code)
 
@@ -358,7 +351,7 @@ def _follow(api: AdminClient, job: dict[str, Any], *, wait: bool) -> None:
                 job = api.call("GET", f"/admin/jobs/{job['id']}")
                 progress.update(bar, completed=job["processed"], total=max(job["total"], job["processed"], 1))
     if job["status"] == "failed":
-        _fail(f"job {job['id']} failed ({job['error']}); resume it: usp-webhooks jobs resume {job['id']}")
+        fail(f"job {job['id']} failed ({job['error']}); resume it: usp-webhooks jobs resume {job['id']}")
     if job["status"] == "succeeded":
         missed = f" ({job['backfilled']} of them missed while disabled)" if job["backfilled"] else ""
         console.print(f"job {job['id']} done: {job['processed']} deliveries re-sent{missed}", markup=False)
@@ -473,7 +466,7 @@ def subscriptions_rate_limit(
     """Limit how many deliveries to a subscription start in any second, across every worker
     (N), or lift the limit (--off)."""
     if (per_second is None) == (not off):
-        _fail("give either a limit (deliveries per second) or --off", code=2)
+        fail("give either a limit (deliveries per second) or --off", code=2)
     with AdminClient(url, token) as api:
         health = api.call(
             "PUT", f"/admin/subscriptions/{subscription_id}/rate-limit", json={"per_second": per_second}
@@ -523,9 +516,9 @@ def probe(
     deliveries, most of them wrong on purpose, each judged by the answer (2xx or 4xx). Exits 1
     when any answer is wrong, so a platform can run it in CI against a staging endpoint."""
     if (target is None) == (subscription is None):
-        _fail("give an endpoint URL or --subscription, not both", code=2)
+        fail("give an endpoint URL or --subscription, not both", code=2)
     if transport not in (None, "rest", "jsonrpc"):
-        _fail("--format is rest or jsonrpc", code=2)
+        fail("--format is rest or jsonrpc", code=2)
     request = {"url": target, "subscription_id": subscription, "format": transport}
     with AdminClient(url, token, timeout=300.0) as api:
         run = api.call("POST", "/admin/probes", json={k: v for k, v in request.items() if v is not None})
@@ -558,134 +551,12 @@ def trigger(
     try:
         event = sample_event(event_type)
     except ValueError as exc:
-        _fail(str(exc), code=2)
+        fail(str(exc), code=2)
     with AdminClient(url, token) as api:
         accepted = api.call("POST", "/events", content=event, headers={"Content-Type": "application/json"})
     console.print(
         f"{event_type} {accepted['event_id']} accepted: {accepted['deliveries']} deliveries", markup=False
     )
-
-
-def listen(
-    forward_to: Annotated[str | None, typer.Option(help="Also POST each verified event's body here.")] = None,
-    events: Annotated[
-        list[str] | None, typer.Option("--events", help="Event type patterns (default *).")
-    ] = None,
-    host: Annotated[str, typer.Option(help="Where the local receiver listens.")] = "127.0.0.1",
-    port: Annotated[int, typer.Option(min=0, max=65535, help="Its port (0: any free one).")] = 0,
-    max_events: Annotated[int | None, typer.Option(min=1, help="Stop after this many events.")] = None,
-    url: Url = DEFAULT_URL,
-    token: Token = None,
-) -> None:
-    """Subscribe a receiver on this machine for as long as this runs: print each event as it
-    arrives, verified against the service's JWKS, forward it, unsubscribe on exit (Ctrl-C).
-
-    The service must be able to reach this machine (a local service: USP_ALLOW_PRIVATE_TARGETS).
-    """
-    done = threading.Event()
-    seen = 0
-    forward = httpx.Client(timeout=10.0) if forward_to else None
-
-    def on_event(hook: ReceivedWebhook) -> None:
-        nonlocal seen
-        event = hook.event
-        console.print(
-            Text.assemble(
-                f"{datetime.now(UTC):%H:%M:%S} ",
-                ("verified", "green"),
-                f" {event.event} {event.event_id} (key {hook.verified.kid})",
-            )
-        )
-        if forward is not None and forward_to is not None:
-            _forward(forward, forward_to, hook)
-        seen += 1
-        if max_events is not None and seen >= max_events:
-            done.set()
-
-    jwks_url = url.rstrip("/") + "/.well-known/usp/jwks.json"
-    keys = RemoteJWKS(jwks_url, allow_insecure_http=_is_loopback(jwks_url))
-    receiver = _ClosingOnShutdown(
-        WebhookApp(WebhookReceiver(Verifier(keys), on_event, dedupe=MemoryDedupe())), keys.aclose
-    )
-    with AdminClient(url, token) as api, _serve(receiver, host, port) as local_url:
-        subscription = api.call(
-            "POST", "/services/feed/subscriptions", json={"url": local_url, "event_types": events or ["*"]}
-        )
-        console.print(
-            f"listening on {local_url} as subscription {subscription['id']}"
-            + (f", forwarding to {forward_to}" if forward_to else "")
-            + " (Ctrl-C to stop)",
-            markup=False,
-        )
-        try:
-            while not done.wait(0.2):
-                pass
-        except KeyboardInterrupt:
-            pass
-        finally:
-            api.call("DELETE", f"/services/feed/subscriptions/{subscription['id']}")
-            console.print(f"subscription {subscription['id']} removed", markup=False)
-            if forward is not None:
-                forward.close()
-
-
-def _forward(client: httpx.Client, target: str, hook: ReceivedWebhook) -> None:
-    """POST the body as received; the signature covers this listener's URL, not ``target``."""
-    try:
-        response = client.post(target, content=hook.body, headers={"Content-Type": "application/json"})
-    except httpx.HTTPError as exc:
-        console.print(Text.assemble(f"  -> {target}: ", (type(exc).__name__, "red")))
-        return
-    console.print(f"  -> {target}: {response.status_code}", markup=False)
-
-
-@contextmanager
-def _serve(app: Any, host: str, port: int) -> Iterator[str]:
-    """Serve ``app`` with uvicorn in a thread; yield its webhook URL."""
-    import uvicorn
-
-    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host, port))
-    config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on", ws="none")
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    try:
-        deadline = time.monotonic() + 10
-        while not server.started:
-            if not thread.is_alive() or time.monotonic() > deadline:
-                _fail("the local receiver did not start", code=2)
-            time.sleep(0.02)
-        bound = sock.getsockname()[1]
-        shown = f"[{host}]" if ":" in host else host
-        yield f"http://{shown}:{bound}/webhooks"
-    finally:
-        server.should_exit = True
-        thread.join(10)
-        sock.close()
-
-
-class _ClosingOnShutdown:
-    """``app``, plus an ASGI lifespan that runs ``on_shutdown`` when the server stops: the JWKS
-    client was opened on the server's event loop and must be closed on it."""
-
-    def __init__(self, app: Any, on_shutdown: Callable[[], Awaitable[None]]) -> None:
-        self.app = app
-        self.on_shutdown = on_shutdown
-
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        if scope["type"] != "lifespan":
-            await self.app(scope, receive, send)
-            return
-        while True:
-            message = await receive()
-            if message["type"] == "lifespan.startup":
-                await send({"type": "lifespan.startup.complete"})
-            elif message["type"] == "lifespan.shutdown":
-                await self.on_shutdown()
-                await send({"type": "lifespan.shutdown.complete"})
-                return
 
 
 # ------------------------------------------------------------------------------- helpers
@@ -706,9 +577,9 @@ def _when(text: str | None) -> str | None:
     try:
         moment = datetime.fromisoformat(text)
     except ValueError:
-        _fail(f"{text!r} is neither RFC 3339 (2026-03-14T22:00:00Z) nor an age (90m, 2h, 7d)", code=2)
+        fail(f"{text!r} is neither RFC 3339 (2026-03-14T22:00:00Z) nor an age (90m, 2h, 7d)", code=2)
     if moment.tzinfo is None:
-        _fail(f"{text!r} has no UTC offset: add Z or +hh:mm", code=2)
+        fail(f"{text!r} has no UTC offset: add Z or +hh:mm", code=2)
     return moment.isoformat()
 
 
@@ -735,8 +606,3 @@ def _list(
     console.print(shown)
     if page.get("next_cursor"):
         console.print(f"more: --cursor {page['next_cursor']}", markup=False)
-
-
-def _is_loopback(url: str) -> bool:
-    host = httpx.URL(url).host
-    return host in ("localhost", "127.0.0.1", "::1")

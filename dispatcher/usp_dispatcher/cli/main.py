@@ -19,6 +19,7 @@ from usp_dispatcher.cli.admin import DEFAULT_URL, AdminClient, Token, Url
 from usp_dispatcher.cli.admin import register as register_operator_commands
 from usp_dispatcher.cli.config import load_settings, open_engine
 from usp_dispatcher.cli.content import register as register_content_commands
+from usp_dispatcher.cli.listen import listen
 from usp_dispatcher.cli.output import Json, print_json
 from usp_workers.settings import ApiSettings, SchedulerSettings, WorkerSettings
 
@@ -236,6 +237,7 @@ def _when(moment: str | None) -> str:
 
 # events, replay, recover, dead-letter, subscriptions, trigger, listen: clients of the admin API
 register_operator_commands(app)
+app.command()(listen)
 register_content_commands(app)
 
 

@@ -9,6 +9,7 @@ import fnmatch
 import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from datetime import datetime, timedelta
 from enum import Enum
 from typing import Any, Final
 
@@ -17,7 +18,7 @@ import httpx
 import sqlalchemy as sa
 from sqlmodel import Session, col, select
 
-from usp_dispatcher.errors import NotFound, Refused
+from usp_dispatcher.errors import Conflict, NotFound, Refused
 from usp_schemas import EVENT_TYPES
 from usp_workers.engine.ssrf import ResolvedTarget, Resolver, TargetRefused, check_target
 from usp_workers.operations import DELETED
@@ -28,8 +29,10 @@ from usp_workers.storage.models import OnDead, Ordering, Subscription, Subscript
 __all__ = [
     "ANY_PROFILE",
     "DELETED",
+    "MAX_LEASE_SECONDS",
     "MAX_PAGE",
     "MAX_PROFILE_SUBSCRIPTIONS",
+    "MIN_LEASE_SECONDS",
     "AnyProfile",
     "CheckedSubscription",
     "Page",
@@ -42,6 +45,7 @@ __all__ = [
     "get_subscription",
     "list_subscriptions",
     "normalize_event_types",
+    "renew_lease",
     "subscription_view",
     "upsert_profile_subscription",
     "wire_url",
@@ -55,6 +59,10 @@ MAX_PROFILE_SUBSCRIPTIONS: Final = 25
 #: The advisory lock key's prefix for counting a profile's subscriptions (PostgreSQL).
 _LIMIT_LOCK: Final = "usp.subscription_limit:"
 _MAX_PATTERNS = 64
+#: The bounds of a lease: renewed more often than every 10 s is a busy loop, and a listener gone
+#: for a day is gone.
+MIN_LEASE_SECONDS: Final = 10
+MAX_LEASE_SECONDS: Final = 86_400
 
 
 class AnyProfile(Enum):
@@ -74,6 +82,7 @@ class SubscriptionSpec:
     platform_profile: str | None = None
     ordering: Ordering = Ordering.NONE
     on_dead: OnDead = OnDead.BLOCK
+    lease_seconds: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,6 +96,7 @@ class CheckedSubscription:
     platform_profile: str | None
     ordering: Ordering = Ordering.NONE
     on_dead: OnDead = OnDead.BLOCK
+    lease_seconds: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,6 +149,8 @@ async def check_subscription(
     """``spec`` checked (patterns, then the URL's SSRF check); :class:`Refused` names what is wrong.
     Touches no database: the write is :func:`add_subscription` (or the profile upsert)."""
     patterns = normalize_event_types(spec.event_types)
+    if spec.lease_seconds is not None:
+        _check_lease(spec.lease_seconds)
     url = wire_url(spec.url)
     await check_url(url, settings, resolver=resolver)
     return CheckedSubscription(
@@ -148,6 +160,7 @@ async def check_subscription(
         spec.platform_profile,
         Ordering(spec.ordering),
         OnDead(spec.on_dead),
+        spec.lease_seconds,
     )
 
 
@@ -161,6 +174,8 @@ def add_subscription(session: Session, checked: CheckedSubscription) -> Subscrip
         ordering=checked.ordering,
         on_dead=checked.on_dead,
     )
+    if checked.lease_seconds is not None:
+        subscription.lease_until = subscription.created_at + timedelta(seconds=checked.lease_seconds)
     session.add(subscription)
     session.flush()
     return subscription
@@ -261,6 +276,33 @@ def delete_subscription(session: Session, subscription_id: str) -> None:
     session.commit()
 
 
+def renew_lease(
+    session: Session, subscription_id: str, seconds: int, *, now: datetime | None = None
+) -> Subscription:
+    """Extend a leased subscription to ``seconds`` from now (committed). One without a lease, or
+    deleted (its lease lapsed, say), is a :class:`Conflict`: the listener must subscribe again."""
+    _check_lease(seconds)
+    subscription = get_subscription(session, subscription_id)
+    if subscription.disabled_reason == DELETED:
+        raise Conflict("subscription_deleted", f"subscription {subscription_id!r} was deleted")
+    if subscription.lease_until is None:
+        raise Conflict("not_leased", f"subscription {subscription_id!r} has no lease to renew")
+    moment = now or utcnow()
+    subscription.lease_until = moment + timedelta(seconds=seconds)
+    subscription.updated_at = moment
+    session.add(subscription)
+    session.commit()
+    return subscription
+
+
+def _check_lease(seconds: int) -> None:
+    if not MIN_LEASE_SECONDS <= seconds <= MAX_LEASE_SECONDS:
+        raise Refused(
+            "bad_lease",
+            f"lease_seconds must be from {MIN_LEASE_SECONDS} to {MAX_LEASE_SECONDS}, not {seconds}",
+        )
+
+
 def subscription_view(subscription: Subscription) -> dict[str, Any]:
     """The JSON shape of a subscription in every answer."""
     return {
@@ -273,6 +315,7 @@ def subscription_view(subscription: Subscription) -> dict[str, Any]:
         "on_dead": OnDead(subscription.on_dead).value,
         "state": SubscriptionState(subscription.state).value,
         "disabled_reason": subscription.disabled_reason,
+        "lease_until": subscription.lease_until.isoformat() if subscription.lease_until else None,
         "created_at": subscription.created_at.isoformat(),
         "updated_at": subscription.updated_at.isoformat(),
     }

@@ -13,17 +13,14 @@ import json
 import re
 import subprocess
 import sys
-import threading
 from pathlib import Path
 
-import httpx
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
-from sqlmodel import Session, col, select
-from typer.testing import CliRunner, Result
+from sqlmodel import Session
+from typer.testing import CliRunner
 
 from tests.dispatcher.admin.live import WAIT, Live, deliveries, event_id_in, wait_until
-from tests.dispatcher.conftest import ADMIN
 from tests.workers.endpoints import Answer, UspReceiver
 from usp_dispatcher import cli
 from usp_dispatcher.cli.output import short_id
@@ -206,35 +203,6 @@ def test_tables_fit_80_columns_one_line_per_row(live: Live) -> None:
             assert rows, (args, full, output)
 
 
-def test_listen_prints_verified_events_forwards_them_and_unsubscribes(live: Live) -> None:
-    forwarded = Answer(200)
-    forward_url, forward_path = live.endpoint("forward", forwarded)
-    results: list[Result] = []
-    listener = threading.Thread(
-        target=lambda: results.append(live.run("listen", "--forward-to", forward_url, "--max-events", "1")),
-        daemon=True,
-    )
-    listener.start()
-    wait_until(lambda: len(listening(live.engine)) == 1, "the temporary subscription", live)
-
-    body = sample_event("booking.confirmed")
-    response = httpx.post(
-        live.base + "/events", content=body, headers=ADMIN | {"Content-Type": "application/json"}
-    )
-    assert response.status_code == 202, response.text
-    listener.join(WAIT)
-    assert not listener.is_alive(), live.worker.output()
-
-    (result,) = results
-    assert result.exit_code == 0, result.output
-    event_id = parse_event(body).event_id
-    assert re.search(rf"verified booking\.confirmed {event_id} \(key ", result.output), result.output
-    assert f"-> {forward_url}: 200" in result.output
-    assert [seen.body for seen in live.hub.seen(forward_path)] == [body.encode()]
-    (temporary,) = listening(live.engine)
-    assert (temporary.state, temporary.disabled_reason) == ("disabled", "deleted")
-
-
 def test_a_missing_or_wrong_token_is_refused(live: Live) -> None:
     missing = live.run("events", "list", token=None)
     assert missing.exit_code == 2
@@ -263,11 +231,3 @@ def rate_limit(engine: Engine, subscription_id: str) -> int | None:
         row = s.get(Subscription, subscription_id)
         assert row is not None
         return row.rate_limit
-
-
-def listening(engine: Engine) -> list[Subscription]:
-    with Session(engine) as s:
-        rows = list(s.exec(select(Subscription).where(col(Subscription.url).endswith("/webhooks"))).all())
-        for row in rows:
-            s.expunge(row)
-        return rows

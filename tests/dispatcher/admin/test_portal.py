@@ -25,6 +25,7 @@ from tests.dispatcher.admin.browser import screenshot
 from tests.dispatcher.admin.live import Live
 from tests.dispatcher.conftest import ADMIN
 from tests.nodejs import NODE_MODULES, install_node_packages
+from tests.servers import free_port
 from usp_dispatcher import access
 from usp_receiver import SigningKey, sign_request
 from usp_workers.storage import db
@@ -33,12 +34,6 @@ pytestmark = pytest.mark.parametrize("database_url", ["postgresql"], indirect=Tr
 
 ACME = "https://acme.example/.well-known/usp-profile"
 GLOBEX = "https://globex.example/.well-known/usp-profile"
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def subscribe(live: Live, url: str, profile: str) -> str:

@@ -1,15 +1,21 @@
-"""``/services/feed/subscriptions``: create (SSRF and pattern checks), list, get, delete."""
+"""``/services/feed/subscriptions``: create (SSRF and pattern checks), list, get, delete, lease."""
 
 from __future__ import annotations
 
+from datetime import datetime, timedelta
+
 import pytest
 from fastapi.testclient import TestClient
+from sqlalchemy.engine import Engine
 
 from tests.dispatcher.conftest import ADMIN, MakeClient
 from tests.dispatcher.support import assert_problem, subscribe
 from usp_dispatcher.errors import Refused
 from usp_dispatcher.webhooks.feed import normalize_event_types
 from usp_schemas import EVENT_TYPES
+from usp_workers.operations import LEASE_LAPSED
+from usp_workers.runtime.relay import relay_once
+from usp_workers.settings import SchedulerSettings
 
 PATH = "/services/feed/subscriptions"
 HOOK = "http://127.0.0.1:9/hooks/usp"
@@ -201,3 +207,45 @@ def test_url_is_stored_as_the_client_will_send_it(client: TestClient) -> None:
     receiver would see a path we did not sign (``/a/../b`` goes out as ``/b``)."""
     created = subscribe(client, "http://127.0.0.1:9/hooks/../usp hooks?x=a b")
     assert created["url"] == "http://127.0.0.1:9/usp%20hooks?x=a%20b"
+
+
+def test_a_leased_subscription_is_renewed_and_lapses_when_it_is_not(
+    client: TestClient, engine: Engine, database_url: str
+) -> None:
+    """A listener's subscription: ``lease_seconds`` from its creation, extended by each renewal;
+    the scheduler's pass after the lease passed deletes it, with a notice saying why."""
+    leased = subscribe(client, HOOK, lease_seconds=60)
+    permanent = subscribe(client, HOOK)
+    assert permanent["lease_until"] is None
+    first = datetime.fromisoformat(leased["lease_until"])
+    assert (
+        timedelta(seconds=55) < first - datetime.fromisoformat(leased["created_at"]) <= timedelta(seconds=60)
+    )
+
+    renewed = client.post(f"{PATH}/{leased['id']}/lease", json={"lease_seconds": 600}, headers=ADMIN)
+    assert renewed.status_code == 200, renewed.text
+    until = datetime.fromisoformat(renewed.json()["lease_until"])
+    assert until - first > timedelta(seconds=500)
+
+    settings = SchedulerSettings(_env_file=None, database_url=database_url)
+    assert relay_once(engine, settings, lambda _ids: None, now=until - timedelta(seconds=1)).lapsed == 0
+    report = relay_once(engine, settings, lambda _ids: None, now=until + timedelta(seconds=1))
+    assert report.lapsed == 1
+    gone = client.get(f"{PATH}/{leased['id']}", headers=ADMIN).json()
+    assert (gone["state"], gone["disabled_reason"]) == ("disabled", "deleted")
+    assert client.get(f"{PATH}/{permanent['id']}", headers=ADMIN).json()["state"] == "active"
+    notices = client.get("/admin/notices", params={"subscription_id": leased["id"]}, headers=ADMIN).json()
+    assert [(n["kind"], n["detail"]) for n in notices["items"]] == [("subscription.disabled", LEASE_LAPSED)]
+
+    again = client.post(f"{PATH}/{leased['id']}/lease", json={"lease_seconds": 60}, headers=ADMIN)
+    assert_problem(again, 409, "subscription_deleted")
+    unleased = client.post(f"{PATH}/{permanent['id']}/lease", json={"lease_seconds": 60}, headers=ADMIN)
+    assert_problem(unleased, 409, "not_leased")
+    assert_problem(
+        client.post(f"{PATH}/sub_nope/lease", json={"lease_seconds": 60}, headers=ADMIN),
+        404,
+        "subscription_not_found",
+    )
+    for seconds in (0, 9, 86_401):
+        too = client.post(PATH, json={"url": HOOK, "lease_seconds": seconds}, headers=ADMIN)
+        assert_problem(too, 422, "invalid_request")

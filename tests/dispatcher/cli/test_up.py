@@ -13,7 +13,6 @@ import contextlib
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -28,6 +27,7 @@ from pydantic import SecretStr
 from tests.dispatcher.conftest import Serve
 from tests.dispatcher.support import event
 from tests.readme_blocks import block_after
+from tests.servers import free_port
 from usp_dispatcher.cli.supervisor import child_environment, display_host
 from usp_receiver import JWKS, ReceivedWebhook, Verifier, WebhookReceiver
 from usp_receiver.asgi import WebhookApp
@@ -35,13 +35,6 @@ from usp_workers.settings import Settings
 
 UP_TIMEOUT = 90.0
 TOKEN_LINE = re.compile(r"admin token \(this session only\): (\S+)")
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def _processes_in(folder: Path) -> list[int]:

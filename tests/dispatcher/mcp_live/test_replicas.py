@@ -7,7 +7,6 @@ outbox's ``NOTIFY`` rather than the next poll."""
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -25,18 +24,13 @@ from tests.dispatcher.conftest import ADMIN_TOKEN
 from tests.dispatcher.mcp.support import PROFILE, book, free_slots
 from tests.dispatcher.mcp_live.support import Platform, emit, wait_until
 from tests.dispatcher.mcp_live.test_listen import listening, modern, subscribe
+from tests.servers import free_port
 from tests.workers.support import exclusive, redis_db_url
 from usp_dispatcher import access
 from usp_receiver import JWKS
 from usp_workers.storage import db
 
 pytestmark = [pytest.mark.anyio, pytest.mark.parametrize("database_url", ["postgresql"], indirect=True)]
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 @contextmanager

@@ -12,7 +12,7 @@ from sqlmodel import Session
 from usp_workers.engine import health, ordering
 from usp_workers.engine.ordering import BlockedSubject, blocked_counts
 from usp_workers.operations.errors import Conflict, InvalidRequest, NotFound
-from usp_workers.operations.query import _attempts, _deliveries, _subscription
+from usp_workers.operations.query import _attempts, _deliveries, _subscription, _subscriptions
 from usp_workers.operations.views import Clock, SubscriptionHealth
 from usp_workers.storage.models import (
     AttemptOutcome,
@@ -37,6 +37,10 @@ DISABLED_BY_OPERATOR = "disabled by an operator"
 #: ``disabled_reason`` of a subscription deleted through the feed API: never enabled again
 #: (the one definition: ``usp_dispatcher.webhooks.feed`` writes it, :func:`set_subscription_state` reads it).
 DELETED = "deleted"
+
+
+#: The ``subscription.disabled`` notice's detail when a lease lapses (:func:`lapse_leases`).
+LEASE_LAPSED = "lease lapsed: its listener stopped renewing it"
 
 
 #: The highest per-subscription rate limit accepted: an endpoint that takes more needs no limit
@@ -93,6 +97,25 @@ def set_subscription_state(
     session.add(subscription)
     session.commit()
     return _health(session, [subscription], moment)[0]
+
+
+def lapse_leases(connection: sa.Connection, *, now: datetime) -> list[str]:
+    """Delete the active subscriptions whose lease passed unrenewed before ``now`` (a listener
+    gone without unsubscribing: killed, crashed, its machine off), each with a
+    ``subscription.disabled`` notice saying so; return their ids. What they still had pending
+    goes dead unsent, as a deleted subscription's does."""
+    lapsed = list(
+        connection.execute(
+            sa.update(_subscriptions)
+            .where(_subscriptions.c.lease_until < now)
+            .where(_subscriptions.c.state == SubscriptionState.ACTIVE.value)
+            .values(state=SubscriptionState.DISABLED.value, disabled_reason=DELETED, updated_at=now)
+            .returning(_subscriptions.c.id)
+        ).scalars()
+    )
+    for subscription_id in lapsed:
+        health.record_notice(connection, subscription_id, health.NOTICE_DISABLED, LEASE_LAPSED, now=now)
+    return lapsed
 
 
 def set_rate_limit(

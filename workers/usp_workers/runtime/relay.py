@@ -29,7 +29,7 @@ from usp_workers.engine.health import HealthPolicy
 from usp_workers.engine.ordering import unblocked
 from usp_workers.engine.outage import BROKER_OUTAGE, DATABASE_OUTAGE, database_unavailable
 from usp_workers.engine.outbox import Enqueue
-from usp_workers.operations import reclaim_stale_jobs
+from usp_workers.operations import lapse_leases, reclaim_stale_jobs
 from usp_workers.runtime.embedded_broker import make_broker_engine, prune_consumed
 from usp_workers.runtime.logs import configure_logging
 from usp_workers.settings import SchedulerSettings
@@ -84,6 +84,7 @@ class RelayReport:
     disabled: int = 0  #: subscriptions disabled after failing continuously behind an open breaker
     held: int = 0  #: ordered deliveries found behind an earlier one of their subject, now held
     released: int = 0  #: held deliveries the sweep found free (their subject's head settled)
+    lapsed: int = 0  #: leased subscriptions (listeners') deleted, their lease not renewed
 
     @property
     def busy(self) -> bool:
@@ -98,6 +99,7 @@ class RelayReport:
                 self.disabled,
                 self.held,
                 self.released,
+                self.lapsed,
             )
         )
 
@@ -117,7 +119,8 @@ def relay_once(
     """One scheduler pass at ``now``: reclaim expired leases (unless ``reclaim`` is false),
     release held deliveries whose subject is free (unless ``sweep`` is false), hold the due ones
     that are not, enqueue due deliveries, re-send stalled jobs (only with ``enqueue_job``),
-    disable the subscriptions failing for too long behind an open breaker, prune.
+    disable the subscriptions failing for too long behind an open breaker, delete those whose
+    lease lapsed, prune.
 
     ``enqueue`` sends one batch (:func:`usp_workers.runtime.tasks.enqueue_deliveries` bound to an app).
     When it raises, the pass stops sending: the rest of the marked deliveries are re-sent
@@ -145,6 +148,7 @@ def relay_once(
         jobs = _resend_jobs(engine, settings, enqueue_job, moment)
     with engine.begin() as connection:
         disabled = health.disable_failing(connection, HealthPolicy.from_settings(settings), now=moment)
+        lapsed = lapse_leases(connection, now=moment)
     pruned = 0
     if settings.uses_embedded_broker:
         pruned = _prune(broker_engine, settings, moment)
@@ -158,6 +162,7 @@ def relay_once(
         disabled=len(disabled),
         held=held,
         released=released,
+        lapsed=len(lapsed),
     )
 
 
@@ -427,7 +432,7 @@ def _pass(
             "scheduler: %d enqueued in %d batches, %d expired leases reclaimed, %d not sent "
             "(broker error; re-sent in %.0f s), %d consumed broker messages pruned, %d stalled jobs re-sent, "
             "%d failing subscriptions disabled, %d ordered deliveries held behind their subject, "
-            "%d held deliveries released",
+            "%d held deliveries released, %d leased subscriptions lapsed",
             report.enqueued,
             report.batches,
             report.reclaimed,
@@ -438,6 +443,7 @@ def _pass(
             report.disabled,
             report.held,
             report.released,
+            report.lapsed,
         )
     return True
 

@@ -198,6 +198,12 @@ class Subscription(SQLModel, table=True):
     on_dead: OnDead = Field(
         default=OnDead.BLOCK, sa_type=sa.String(16), sa_column_kwargs={"server_default": "block"}
     )
+    lease_until: datetime | None = Field(
+        default=None,
+        sa_type=UtcDateTime,
+        index=True,
+        description="a leased subscription (a listener's) is deleted once this passes unrenewed",
+    )
     created_at: datetime = Field(default_factory=utcnow, sa_type=UtcDateTime)
     updated_at: datetime = Field(default_factory=utcnow, sa_type=UtcDateTime)
 
