@@ -221,12 +221,16 @@ def replay(
     ] = None,
     url: Url = DEFAULT_URL,
     token: Token = None,
+    as_json: Json = False,
 ) -> None:
     """Deliver an event again (same event_id, signed afresh) to every subscription it matches, or
     one; earlier deliveries and their attempts are kept."""
     body = {"subscription_id": subscription} if subscription else {}
     with AdminClient(url, token) as api:
         result = api.call("POST", f"/admin/events/{event_id}/replay", json=body)
+    if as_json:
+        print_json(result)
+        return
     if not result["deliveries"]:
         console.print(f"no active subscription takes {event_id}: nothing to replay", markup=False)
         return

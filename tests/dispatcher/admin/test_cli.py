@@ -64,6 +64,9 @@ def test_trigger_then_replay_end_to_end(live: Live) -> None:
     assert short_id(event_id) in listed
     assert "2 succeeded" in listed
     assert [e["id"] for e in json.loads(live.ok("events", "list", "--json"))["items"]] == [event_id]
+    again = json.loads(live.ok("replay", event_id, "--json"))
+    assert again["event_id"] == event_id
+    assert [d["subscription_id"] for d in again["deliveries"]] == [subscription]
 
 
 def test_recover_runs_as_a_job_in_the_worker_with_progress(live: Live) -> None:
