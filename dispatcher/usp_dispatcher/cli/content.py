@@ -136,8 +136,13 @@ def ucap_mcp(
 ) -> None:
     """Serve the five UCAP tools over stdio, signing every /v1 call with the agent's key (the seed's
     agent-side MCP server: add it to your MCP client's configuration)."""
-    from usp_dispatcher.mcp.ucap_agent import run_agent_stdio
+    from usp_dispatcher.mcp.ucap_agent import load_agent_key, run_agent_stdio
 
+    try:
+        load_agent_key(agent_key)
+    except ValueError as exc:
+        console.print(str(exc), style="red", markup=False)
+        raise typer.Exit(2) from None
     run_agent_stdio(api, agent_key, signature_agent)
 
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import base64
 import json
+import os
+import stat
 import sys
 from functools import partial
 from io import TextIOWrapper
@@ -46,7 +48,15 @@ _USER_AGENT: Final = "usp-webhooks-ucap-mcp/0.1"
 
 
 def load_agent_key(path: Path) -> SigningKey:
-    """The agent's Ed25519 private key from a PKCS#8 PEM file (OpenBotAuth's key format)."""
+    """The agent's Ed25519 private key from a PKCS#8 PEM file (OpenBotAuth's key format).
+
+    As ssh does, a file that others may read is refused: whoever reads it can sign as the agent
+    and spend what it is entitled to."""
+    mode = path.stat().st_mode
+    if os.name == "posix" and mode & 0o077:
+        raise ValueError(
+            f"the agent key {path} can be read by others (mode {stat.S_IMODE(mode):o}): chmod 600 it"
+        )
     private = serialization.load_pem_private_key(path.read_bytes(), password=None)
     if not isinstance(private, Ed25519PrivateKey):
         raise ValueError("the agent key must be an Ed25519 private key (PKCS#8 PEM)")

@@ -206,6 +206,7 @@ def agent_key_file(alice: Agent, tmp_path: Path) -> Path:
     )
     path = tmp_path / "agent.pem"
     path.write_bytes(pem)
+    path.chmod(0o600)
     return path
 
 
@@ -229,6 +230,25 @@ async def test_agent_side_stdio_server_signs_every_call(
     assert "alice" in registry.fetches  # the API fetched the agent's key set from its JWKS URL
 
 
+def test_a_key_file_others_can_read_is_refused(agent_key_file: Path) -> None:
+    """Whoever reads the agent's key signs as the agent: like ssh, refuse a key left readable."""
+    agent_key_file.chmod(0o644)
+    refused = CliRunner().invoke(
+        cli.app,
+        [
+            "ucap-mcp",
+            "--api",
+            "http://127.0.0.1:9",
+            "--agent-key",
+            str(agent_key_file),
+            "--signature-agent",
+            "x",
+        ],
+    )
+    assert refused.exit_code == 2
+    assert "can be read by others (mode 644): chmod 600 it" in refused.output
+
+
 async def test_a_stranger_key_is_refused_by_the_agent_side_server(
     base_url: str, alice: Agent, tmp_path: Path
 ) -> None:
@@ -236,6 +256,7 @@ async def test_a_stranger_key_is_refused_by_the_agent_side_server(
         serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
     )
     (tmp_path / "stranger.pem").write_bytes(stranger)
+    (tmp_path / "stranger.pem").chmod(0o600)
     parameters = agent_side(base_url, tmp_path / "stranger.pem", alice.jwks_url, tmp_path)
     async with Client(parameters) as client:
         with pytest.raises(MCPError) as caught:

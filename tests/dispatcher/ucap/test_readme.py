@@ -32,8 +32,10 @@ def test_the_readme_agent_script_runs(serve: Serve, tmp_path: Path) -> None:
     base = serve(create_app(settings))
     script = tmp_path / "ucap_agent.py"
     script.write_text(readme_script(), encoding="utf-8")
+    config = tmp_path / "config"
     env = {
         **os.environ,
+        "XDG_CONFIG_HOME": str(config),
         "UCAP_API": base,
         "USP_DATABASE_URL": database_url,
         "PATH": str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", ""),
@@ -53,3 +55,7 @@ def test_the_readme_agent_script_runs(serve: Serve, tmp_path: Path) -> None:
     assert "granted" in lines[1]  # payments confirm
     assert lines[2] == "ok"
     assert "agent" in lines[3].lower()
+    key_file = config / "usp-webhooks" / "agents" / "my-agent.pem"
+    assert key_file.stat().st_mode & 0o777 == 0o600, "readable by its owner alone"
+    assert key_file.parent.stat().st_mode & 0o777 == 0o700
+    assert not [p.name for p in tmp_path.iterdir() if p.suffix in (".pem", ".key")], "no key in the folder"
