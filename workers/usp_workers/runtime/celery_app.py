@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import gc
 import logging
+import os
 import sys
 import threading
+import warnings
 from typing import Any
 
 from celery import Celery
-from celery.signals import after_setup_logger, worker_init, worker_process_init, worker_ready
+from celery.exceptions import SecurityWarning
+from celery.signals import after_setup_logger, celeryd_init, worker_init, worker_process_init, worker_ready
 from kombu.entity import Queue
 
 from usp_workers.engine import tracing
@@ -195,6 +198,25 @@ def _trace(**_: Any) -> None:
     tracing.configure("usp-webhooks-worker")  # only with OTEL_EXPORTER_OTLP_ENDPOINT set
 
 
+def _explain_root(conf: Any, **_: Any) -> None:
+    """Say once, in one line, what Celery's superuser ``SecurityWarning`` (a screenful on every
+    start as root, as in a container without a ``USER``) means here, and silence it.
+
+    Root is dangerous to a Celery worker because a pickled message runs code as root; this app
+    accepts JSON only, so a message cannot (Celery itself refuses to start as root with pickle
+    accepted, and that refusal is left alone). The image runs as user 10001 all the same.
+    """
+    if not hasattr(os, "geteuid") or os.geteuid() != 0 or "pickle" in conf.accept_content:
+        return
+    warnings.filterwarnings("ignore", category=SecurityWarning)
+    logging.getLogger("usp_workers").warning(
+        "running as root: safe from Celery's pickle risk (this worker accepts only JSON messages), "
+        "but a container should run it as a user (the project's image runs as uid 10001)"
+    )
+
+
+# Fired before Celery checks privileges, by `usp-webhooks worker` and `celery worker` alike.
+celeryd_init.connect(_explain_root, weak=False)
 # Only where a worker starts (its main process, and each child of a prefork pool): the API and
 # the scheduler import this module too and keep Python's defaults.
 worker_init.connect(_tune_interpreter, weak=False)
