@@ -5,6 +5,7 @@ a valid signature among others from the same key), a caller's ``None`` header is
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 
@@ -83,6 +84,41 @@ def _with_others(others: int, *, first: bool) -> dict[str, str]:
 def test_a_valid_signature_verifies_beside_others_naming_the_same_key(others: int, first: bool) -> None:
     verified = VERIFIER.verify("POST", URL, _with_others(others, first=first), BODY, now=NOW)
     assert (verified.label, verified.kid) == ("sig1", KEY.kid)
+
+
+#: The order of the P-256 group: ``s`` and ``n - s`` are both valid ECDSA signatures (RFC 9421
+#: does not ask for low-S, and neither does any verifier we test against).
+P256_ORDER = 0xFFFFFFFF00000000FFFFFFFFFFFFFFFFBCE6FAADA7179E84F3B9CAC2FC632551
+
+
+@pytest.mark.parametrize("first", [True, False])
+@pytest.mark.parametrize("bogus_kid", ["the same key", "another trusted key", "an unknown key"])
+def test_a_high_s_ecdsa_signature_verifies_alone_and_beside_two_bogus_ones(
+    first: bool, bogus_kid: str
+) -> None:
+    """Issue 38 asks again (a new fuzzing run): a valid high-S P-256 signature next to two that do
+    not hold, whichever key they name and wherever they stand, through ``verify`` and ``averify``."""
+    ecdsa, other = SigningKey.generate("ecdsa-p256-sha256"), SigningKey.generate()
+    verifier = Verifier(JWKS([ecdsa.public, other.public]))
+    headers = {"Content-Type": "application/json"}
+    headers |= sign_request("POST", URL, headers, BODY, [ecdsa], created=NOW)
+    raw = base64.b64decode(headers["Signature"].split(":")[1])
+    r, s = raw[:32], int.from_bytes(raw[32:], "big")
+    high = s if s > P256_ORDER // 2 else P256_ORDER - s
+    headers["Signature"] = "sig1=:" + base64.b64encode(r + high.to_bytes(32, "big")).decode() + ":"
+    assert verifier.verify("POST", URL, headers, BODY, now=NOW).kid == ecdsa.kid
+
+    kid = {"the same key": ecdsa.kid, "another trusted key": other.kid, "an unknown key": "nope"}[bogus_kid]
+    bogus_in = headers["Signature-Input"].split("=", 1)[1].replace(ecdsa.kid, kid)
+    inputs = [f"b{i}={bogus_in}" for i in (1, 2)]
+    signatures = [f"b{i}=:{base64.b64encode(bytes([i]) * 64).decode()}:" for i in (1, 2)]
+    mine_in, mine_sig = [headers["Signature-Input"]], [headers["Signature"]]
+    fields = headers | {
+        "Signature-Input": ", ".join([*inputs, *mine_in] if first else [*mine_in, *inputs]),
+        "Signature": ", ".join([*signatures, *mine_sig] if first else [*mine_sig, *signatures]),
+    }
+    assert verifier.verify("POST", URL, fields, BODY, now=NOW).label == "sig1"
+    assert asyncio.run(verifier.averify("POST", URL, fields, BODY, now=NOW)).label == "sig1"
 
 
 def test_more_signatures_than_the_cap_are_refused_naming_the_cap() -> None:
