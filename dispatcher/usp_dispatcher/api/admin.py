@@ -299,6 +299,20 @@ async def list_events(
     )
 
 
+class IdsOut(BaseModel):
+    ids: list[str] = Field(description="oldest first: one is the id meant, several make it ambiguous")
+
+
+@router.get("/ids", response_model=IdsOut, responses=_problems(422))
+async def find_ids(
+    short: Annotated[str, Query(max_length=64, description="an id as a table shows it: evt_…7203eef7")],
+    session: SessionDep,
+) -> IdsOut:
+    """The full ids (events, subscriptions, deliveries, jobs) a shortened one may stand for, at
+    most five: what lets the CLI take the ids its tables print."""
+    return IdsOut(ids=await _run(operations.find_ids, session, short))
+
+
 @router.get("/events/{event_id}", response_model=EventDetailOut, responses=_problems(404))
 async def get_event(event_id: str, session: SessionDep) -> EventDetailOut:
     """One event, its payload, every delivery of it and every attempt of each."""

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
@@ -19,8 +20,9 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 from rich.text import Text
 
-from usp_dispatcher.cli.output import Json, add_row, age, print_json, short_id, table
+from usp_dispatcher.cli.output import Column, Json, add_row, age, fitted_table, print_json, short_id, table
 from usp_dispatcher.webhooks.samples import sample_event
+from usp_workers.operations import SHORTENED_ID
 
 __all__ = ["AdminClient", "register"]
 
@@ -101,6 +103,26 @@ class AdminClient:
         self.http.close()
 
     def call(self, method: str, path: str, **kwargs: Any) -> Any:
+        """The API's JSON answer. Ids shortened as tables print them (``evt_…7203eef7``), in the
+        path, the query or the JSON body, are first looked up (``GET /admin/ids``)."""
+        path = "/".join(self.full_id(part) for part in path.split("/"))
+        for name in ("params", "json"):
+            if isinstance(kwargs.get(name), dict):
+                kwargs[name] = {k: self.full_id(v) for k, v in kwargs[name].items()}
+        return self._answer(method, path, **kwargs)
+
+    def full_id(self, value: Any) -> Any:
+        """``value`` itself, or the one full id a shortened one stands for (else exit 1)."""
+        if not isinstance(value, str) or not SHORTENED_ID.fullmatch(value):
+            return value
+        ids = self._answer("GET", "/admin/ids", params={"short": value})["ids"]
+        if not ids:
+            fail(f"no id ends as {value} does")
+        if len(ids) > 1:
+            fail(f"{value} is ambiguous: {', '.join(ids)} (give the full id)")
+        return ids[0]
+
+    def _answer(self, method: str, path: str, **kwargs: Any) -> Any:
         try:
             response = self.http.request(method, path, **kwargs)
         except httpx.HTTPError as exc:
@@ -156,10 +178,10 @@ def events_list(
         counts = ", ".join(f"{n} {status}" for status, n in sorted(item["deliveries"].items())) or "-"
         return (
             short_id(item["id"]),
-            short_id(item["subject_id"]),
+            item["event_type"],
             age(item["created_at"]),
             counts,
-            item["event_type"],
+            short_id(item["subject_id"]),
         )
 
     _list(
@@ -168,7 +190,13 @@ def events_list(
         params,
         as_json=as_json,
         title="events",
-        headers=("event", "subject", "age", "deliveries", "type"),
+        columns=(
+            Column("event"),
+            Column("type"),
+            Column("age"),
+            Column("deliveries", flex=True),
+            Column("subject", 1),
+        ),
         row=row,
     )
 
@@ -288,14 +316,21 @@ def dead_letter_list(
         params,
         as_json=as_json,
         title="dead letter",
-        headers=("event", "subscription", "tries", "last", "died", "type"),
+        columns=(
+            Column("event"),
+            Column("type"),
+            Column("tries"),
+            Column("died"),
+            Column("last answer", flex=True),
+            Column("subscription", 1),
+        ),
         row=lambda item: (
             short_id(item["event_id"]),
-            short_id(item["subscription_id"]),
-            item["attempt_count"],
-            item["last_status_code"] or item["last_error"] or "-",
-            age(item["completed_at"]),
             item["event_type"] or "-",
+            item["attempt_count"],
+            age(item["completed_at"]),
+            item["last_status_code"] or item["last_error"] or "-",
+            short_id(item["subscription_id"]),
         ),
     )
 
@@ -393,10 +428,10 @@ def subscriptions_list(
             short_id(item["id"]),
             ", ".join(condition),
             "-" if rate is None else f"{rate:.0%}/{item['recent_attempts']}",
+            item["dead"],
             age(item["last_success_at"]),
             item["consecutive_failures"],
             item["pending"],
-            item["dead"],
             item["url"],
         )
 
@@ -406,7 +441,16 @@ def subscriptions_list(
         _params(state=state, limit=limit, cursor=cursor),
         as_json=as_json,
         title="subscriptions",
-        headers=("id", "state", "ok 24h", "last ok", "streak", "pending", "dead", "url"),
+        columns=(
+            Column("id"),
+            Column("state"),
+            Column("ok 24h"),
+            Column("dead", 1),
+            Column("last ok", 2),
+            Column("streak", 3),
+            Column("pending", 4),
+            Column("url", flex=True, least=32),
+        ),
         row=row,
     )
 
@@ -431,7 +475,7 @@ def subscriptions_notices(
         _params(subscription_id=subscription_id, kind=kind, limit=limit, cursor=cursor),
         as_json=as_json,
         title="notices",
-        headers=("when", "subscription", "notice", "detail"),
+        columns=(Column("when"), Column("subscription"), Column("notice"), Column("detail", flex=True)),
         row=lambda item: (
             age(item["created_at"]),
             short_id(item["subscription_id"]),
@@ -594,7 +638,7 @@ def _list(
     *,
     as_json: bool,
     title: str,
-    headers: tuple[str, ...],
+    columns: tuple[Column, ...],
     row: Callable[[dict[str, Any]], tuple[object, ...]],
 ) -> None:
     """One page of an admin listing: as JSON, or as a table of ``row(item)`` per item followed
@@ -604,9 +648,9 @@ def _list(
     if as_json:
         print_json(page)
         return
-    shown = table(title, *headers)
-    for item in page["items"]:
-        add_row(shown, *row(item))
-    console.print(shown)
+    # The terminal's width now (COLUMNS when set), not what the console found when it was made.
+    width = shutil.get_terminal_size((console.width, 24)).columns
+    shown = fitted_table(title, columns, [row(item) for item in page["items"]], width)
+    Console(highlight=False, soft_wrap=True, width=width).print(shown)
     if page.get("next_cursor"):
         console.print(f"more: --cursor {page['next_cursor']}", markup=False)

@@ -41,13 +41,13 @@ class Live:
     worker: WorkerProcess
     env: dict[str, str]  #: a child process's environment: the service's settings as ``USP_*``
 
-    def run(self, *args: str, token: str | None = ADMIN_TOKEN) -> Result:
-        env = {"USP_ADMIN_URL": self.base, "COLUMNS": "80"}
+    def run(self, *args: str, token: str | None = ADMIN_TOKEN, columns: int = 80) -> Result:
+        env = {"USP_ADMIN_URL": self.base, "COLUMNS": str(columns)}
         env["USP_ADMIN_TOKEN"] = token or ""
         return CliRunner().invoke(cli.app, list(args), env=env)
 
-    def ok(self, *args: str) -> str:
-        result = self.run(*args)
+    def ok(self, *args: str, columns: int = 80) -> str:
+        result = self.run(*args, columns=columns)
         assert result.exit_code == 0, result.output
         return result.output
 

@@ -205,6 +205,35 @@ def test_tables_fit_80_columns_one_line_per_row(live: Live) -> None:
             rows = [line for line in lines if short_id(full) in line]
             assert rows, (args, full, output)
 
+    # At 80 columns a row keeps what an operator acts on; a wider terminal adds the rest.
+    narrow = live.ok("dead-letter", "list").splitlines()
+    for event_id in event_ids:
+        rows = [line for line in narrow if short_id(event_id) in line]
+        assert len(rows) == len(subscriptions), narrow
+        for row in rows:
+            assert re.search(r"catalog\.availability\.changed\s+1\s+\S+\s+404", row), row  # 404: no route
+    assert "subscription" not in narrow[1]
+    wide = live.ok("dead-letter", "list", columns=160).splitlines()
+    assert "subscription" in wide[1]
+    assert all(any(short_id(s) in line for line in wide) for s in subscriptions), "\n".join(wide)
+    narrow = live.ok("subscriptions", "list").splitlines()
+    for subscription in subscriptions:
+        (row,) = [line for line in narrow if short_id(subscription) in line]
+        assert re.search(r"active\s+0%/\d+\s+\d+\s+http://127\.0\.0\.1:\d+/cli/wide/x", row), row
+    assert "pending" not in narrow[1]
+    assert {"last ok", "streak", "pending"} <= set(
+        re.split(r"\s{2,}", live.ok("subscriptions", "list", columns=160).splitlines()[1].strip())
+    )
+
+    # The short ids the tables print are what the commands take.
+    shown = live.ok("events", "show", short_id(event_ids[0]), "--json")
+    assert json.loads(shown)["event"]["id"] == event_ids[0]
+    one = live.ok("dead-letter", "list", "--subscription", short_id(subscriptions[0]), "--json")
+    assert {item["subscription_id"] for item in json.loads(one)["items"]} == {subscriptions[0]}
+    unknown = live.run("events", "show", "evt_…00000000")
+    assert unknown.exit_code == 1
+    assert "no id ends as evt_…00000000 does" in unknown.output
+
 
 def test_a_missing_or_wrong_token_is_refused(live: Live) -> None:
     missing = live.run("events", "list", token=None)

@@ -24,7 +24,7 @@ from usp_workers.operations.listing import (
     list_subscriptions,
     platform_deliveries,
 )
-from usp_workers.operations.query import MAX_PAGE, decode_cursor, encode_cursor
+from usp_workers.operations.query import MAX_PAGE, SHORTENED_ID, decode_cursor, encode_cursor, find_ids
 from usp_workers.operations.replay import replay_event
 from usp_workers.operations.subscriptions import (
     DELETED,
@@ -62,6 +62,7 @@ __all__ = [
     "MAX_JOB_RESENDS",
     "MAX_PAGE",
     "MAX_RATE_LIMIT",
+    "SHORTENED_ID",
     "AttemptView",
     "Conflict",
     "DeadLetterFilter",
@@ -83,6 +84,7 @@ __all__ = [
     "decode_cursor",
     "encode_cursor",
     "event_detail",
+    "find_ids",
     "get_job",
     "lapse_leases",
     "list_events",

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import re
 from collections.abc import Sequence
 from datetime import datetime
 from typing import Any, TypeVar
@@ -158,3 +159,36 @@ def _delivery_counts(session: Session, event_ids: Sequence[str]) -> dict[str, di
     for event_id, status, count in rows:
         counts.setdefault(event_id, {})[status] = int(count)
     return counts
+
+
+#: Which table an id's prefix names, for :func:`find_ids`.
+_ID_TABLES: dict[str, sa.Table] = {
+    "evt": _events,
+    "sub": _subscriptions,
+    "dlv": _deliveries,
+    "job": _jobs,
+}
+#: An id as the CLI's tables print it (``evt_…7203eef7``), or typed with ``...``.
+SHORTENED_ID = re.compile(r"([a-z]{3})_(?:…|\.\.\.)([0-9a-f]{4,32})")
+
+
+def find_ids(session: Session, short: str, *, limit: int = 5) -> list[str]:
+    """The full ids a shortened one (``evt_…7203eef7``, or with ``...``) stands for, oldest
+    first, at most ``limit``: one is the answer, several say it is ambiguous. An id that is not
+    shortened is returned as it is; a form that names no table is an :class:`InvalidRequest`.
+
+    A suffix is no index lookup: the table is scanned, which an operator's command can afford
+    (events are bounded by retention) and a hot path never asks for."""
+    match = SHORTENED_ID.fullmatch(short)
+    if match is None:
+        if "…" in short or "..." in short:
+            raise InvalidRequest("bad_id", f"{short!r} is not a shortened id such as evt_…7203eef7")
+        return [short]
+    table = _ID_TABLES.get(match.group(1))
+    if table is None:
+        raise InvalidRequest("bad_id", f"no kind of id starts with {match.group(1)!r}_")
+    pattern = f"{match.group(1)}\\_%{match.group(2)}"
+    found = session.connection().execute(
+        sa.select(table.c.id).where(table.c.id.like(pattern, escape="\\")).order_by(table.c.id).limit(limit)
+    )
+    return list(found.scalars())
