@@ -17,12 +17,15 @@ from sqlmodel import Session
 
 from usp_dispatcher.access import create_api_key, list_api_keys, revoke_api_key
 from usp_dispatcher.cli.config import load_settings, open_engine
+from usp_dispatcher.cli.helptext import LabelledGroup
 from usp_dispatcher.cli.output import Json, add_row, age, print_json, table
 from usp_workers.storage import db
 
 __all__ = ["api_keys_app"]
 
-api_keys_app = typer.Typer(help="Platforms' bearer API keys for the MCP tools.", no_args_is_help=True)
+api_keys_app = typer.Typer(
+    cls=LabelledGroup, help="Platforms' bearer API keys for the MCP tools.", no_args_is_help=True
+)
 console = Console()
 
 

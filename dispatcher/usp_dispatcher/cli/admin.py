@@ -20,8 +20,10 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 from rich.text import Text
 
+from usp_dispatcher.cli.helptext import LabelledGroup, grouped
 from usp_dispatcher.cli.output import Column, Json, add_row, age, fitted_table, print_json, short_id, table
 from usp_dispatcher.webhooks.samples import sample_event
+from usp_schemas import EVENT_TYPES
 from usp_workers.operations import SHORTENED_ID
 
 __all__ = ["AdminClient", "register"]
@@ -31,10 +33,16 @@ __all__ = ["AdminClient", "register"]
 # soft_wrap: a message holding a full id is never broken across lines (tables still fit the width).
 console = Console(highlight=False, soft_wrap=True)
 
-events_app = typer.Typer(help="Events the service accepted, and what became of them.", no_args_is_help=True)
-dead_letter_app = typer.Typer(help="Deliveries that exhausted their schedule.", no_args_is_help=True)
-subscriptions_app = typer.Typer(help="Where events go, and how each endpoint is doing.", no_args_is_help=True)
-jobs_app = typer.Typer(help="Recover and redrive jobs.", no_args_is_help=True)
+events_app = typer.Typer(
+    cls=LabelledGroup, help="Events the service accepted, and what became of them.", no_args_is_help=True
+)
+dead_letter_app = typer.Typer(
+    cls=LabelledGroup, help="Deliveries that exhausted their schedule.", no_args_is_help=True
+)
+subscriptions_app = typer.Typer(
+    cls=LabelledGroup, help="Where events go, and how each endpoint is doing.", no_args_is_help=True
+)
+jobs_app = typer.Typer(cls=LabelledGroup, help="Recover and redrive jobs.", no_args_is_help=True)
 
 Url = Annotated[
     str,
@@ -76,7 +84,7 @@ def register(app: typer.Typer) -> None:
     app.add_typer(jobs_app, name="jobs")
     app.command()(replay)
     app.command()(recover)
-    app.command()(trigger)
+    app.command(epilog="Event types:\n\n" + grouped(EVENT_TYPES))(trigger)
     app.command("portal-link")(portal_link)
     app.command()(probe)
 

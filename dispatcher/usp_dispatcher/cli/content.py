@@ -14,15 +14,20 @@ from rich.console import Console
 
 from usp_dispatcher.cli.admin import DEFAULT_URL, AdminClient, Token, Url
 from usp_dispatcher.cli.config import load_settings, open_engine
+from usp_dispatcher.cli.helptext import LabelledGroup
 from usp_dispatcher.cli.output import Json, add_row, print_json, short_id, table
 from usp_workers.storage import db
 
 __all__ = ["register"]
 
 content_app = typer.Typer(
-    help="Publications, tiers, posts and agents' subscriptions (UCAP).", no_args_is_help=True
+    cls=LabelledGroup,
+    help="Publications, tiers, posts and agents' subscriptions (UCAP).",
+    no_args_is_help=True,
 )
-payments_app = typer.Typer(help="Checkout sessions of agents' subscriptions.", no_args_is_help=True)
+payments_app = typer.Typer(
+    cls=LabelledGroup, help="Checkout sessions of agents' subscriptions.", no_args_is_help=True
+)
 console = Console()
 
 JsonFile = Annotated[

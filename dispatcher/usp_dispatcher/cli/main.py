@@ -19,6 +19,7 @@ from usp_dispatcher.cli.admin import DEFAULT_URL, AdminClient, Token, Url
 from usp_dispatcher.cli.admin import register as register_operator_commands
 from usp_dispatcher.cli.config import load_settings, open_engine
 from usp_dispatcher.cli.content import register as register_content_commands
+from usp_dispatcher.cli.helptext import LabelledGroup
 from usp_dispatcher.cli.listen import listen
 from usp_dispatcher.cli.output import Json, print_json
 from usp_workers.settings import ApiSettings, SchedulerSettings, WorkerSettings
@@ -26,14 +27,19 @@ from usp_workers.settings import ApiSettings, SchedulerSettings, WorkerSettings
 __all__ = ["app", "keys_app", "main"]
 
 app = typer.Typer(
+    cls=LabelledGroup,
     name="usp-webhooks",
     help="Run and operate the USP webhook dispatcher. Configuration: USP_* environment variables.",
     no_args_is_help=True,
     add_completion=False,
     # A traceback showing locals could print a private key or the admin token.
     pretty_exceptions_show_locals=False,
+    # Click's own help layout, as gh and the Stripe CLI print theirs: paragraphs reflowed to the
+    # terminal, a flag without a type label, a value option with its metavar (--url URL).
+    rich_markup_mode=None,
+    context_settings={"max_content_width": 120},
 )
-keys_app = typer.Typer(help="The business's webhook signing keys.", no_args_is_help=True)
+keys_app = typer.Typer(cls=LabelledGroup, help="The business's webhook signing keys.", no_args_is_help=True)
 app.add_typer(keys_app, name="keys")
 
 console = Console()
