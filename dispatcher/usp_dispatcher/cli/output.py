@@ -18,30 +18,13 @@ from rich import box
 from rich.table import Table
 from rich.text import Text
 
+from usp_workers.operations import short_id
+
 __all__ = ["Column", "Json", "add_row", "age", "fitted_table", "print_json", "short_id", "table"]
 
 Json = Annotated[
     bool, typer.Option("--json", help="Print the API's JSON answer (full ids and times) instead of a table.")
 ]
-
-_SHORT = 16
-
-
-def short_id(value: str | None) -> str:
-    """``value`` as a table shows it.
-
-    >>> short_id("dlv_01a2442ce15477f68ce1e1957203eef7")
-    'dlv_…7203eef7'
-    >>> short_id("evt_789abc")
-    'evt_789abc'
-    """
-    if value is None:
-        return "-"
-    if len(value) <= _SHORT:
-        return value
-    prefix, underscore, _ = value.partition("_")
-    head = prefix + underscore if underscore and len(prefix) <= 6 else ""
-    return f"{head}…{value[-8:]}"
 
 
 def age(moment: str | None, *, now: datetime | None = None) -> str:

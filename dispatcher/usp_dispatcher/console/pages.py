@@ -40,6 +40,9 @@ __all__ = ["router"]
 
 router = APIRouter(prefix="/console", include_in_schema=False)
 
+#: Deliveries a subscription's page lists (its event pages and the dead letter hold the rest).
+RECENT_DELIVERIES: Final = 20
+
 
 # ------------------------------------------------------------------------------- guards
 
@@ -349,11 +352,19 @@ async def _subscription_page(
     except operations.NotFound as exc:
         return render(request, "missing.html", {"console": console, "problem": exc.detail}, status_code=404)
     recent = await call(activity.subscription_activity, db, subscription_id)
+    latest = await call(operations.subscription_deliveries, db, subscription_id, limit=RECENT_DELIVERIES)
     chart = {
         "minutes": [int(m.timestamp()) for m in recent.minutes],
         "series": dict(sorted(recent.per_minute.items())),
     }
-    context = {"console": console, "s": found, "activity": recent, "chart": chart, "problem": problem}
+    context = {
+        "console": console,
+        "s": found,
+        "activity": recent,
+        "chart": chart,
+        "deliveries": latest,
+        "problem": problem,
+    }
     return render(request, "subscription.html", context, status_code=status_code)
 
 

@@ -18,6 +18,8 @@ from usp_dispatcher.console import session as login
 from usp_dispatcher.console.session import Login
 from usp_dispatcher.web.deps import SettingsDep
 from usp_dispatcher.web.problems import HTTPProblem
+from usp_workers.engine.transport import FAILURES
+from usp_workers.operations import short_id
 from usp_workers.settings import ApiSettings
 from usp_workers.storage.models import DeliveryStatus
 
@@ -102,7 +104,14 @@ def _when(moment: datetime | None) -> str:
     return "" if moment is None else utc(moment).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
+def _failure(error_class: str | None) -> str:
+    """What a try without an answer ran into, in words (``connection refused``, ``timed out``)."""
+    return FAILURES.get(error_class or "", error_class or "no answer")
+
+
 templates.env.filters["when"] = _when
+templates.env.filters["failure"] = _failure
+templates.env.filters["short"] = short_id
 
 
 def static_files() -> StaticFiles:

@@ -319,3 +319,68 @@ def test_the_console_works_by_keyboard_and_fits_a_phone_width_screen(live: Live,
         overflow = page.evaluate("document.documentElement.scrollWidth - window.innerWidth")
         assert overflow <= 0, f"{path} is {overflow} px wider than the screen"
     phone.close()
+
+
+@pytest.mark.parametrize("width", [390, 1280])
+def test_deliveries_read_in_full_on_a_phone_and_a_desktop(
+    live: Live, browser: Browser, width: int, tmp_path: Path
+) -> None:
+    """At 390 px (a phone) and 1280 px: an event's attempts show every column inside the screen,
+    a try that never got an answer says what failed, the dead letter's ids stay on one line and
+    its subscription is a link, and a subscription's page lists its recent deliveries."""
+    gone = live.subscribe("http://127.0.0.1:9/gone")  # nothing listens: refused, then dead
+    live.subscribe(live.endpoint(f"fine-{width}", UspReceiver(live.jwks))[0])
+    event_id = event_id_in(live.ok("trigger", "booking.confirmed"))
+    wait_until(lambda: tried_once(live, gone), "one delivery refused once, the other delivered", live)
+    with live.engine.begin() as connection:  # its schedule spent (no scheduler runs here to retry)
+        connection.execute(
+            sa.update(Delivery)
+            .where(Delivery.subscription_id == gone)  # type: ignore[arg-type]
+            .values(status=DeliveryStatus.DEAD.value, completed_at=datetime.now(UTC))
+        )
+    screen = browser.new_context(base_url=live.base, viewport={"width": width, "height": 900})
+    page = screen.new_page()
+    log_in(page)
+
+    page.goto(f"/console/events/{event_id}")
+    refused = page.locator(f".delivery:has(a[href='/console/subscriptions/{gone}'])")
+    expect(refused.locator("td.answer").first).to_have_text("connection refused (nothing listens there)")
+    expect(refused.locator("td.response").first).to_contain_text("none: connection refused")
+    assert_in_view(page, ".attempts td", width)
+    screenshot(page, f"console-event-{width}.png", tmp_path)
+
+    page.goto("/console/dead-letter")
+    rows = page.locator("table.dead tbody tr")
+    expect(rows).to_have_count(1)
+    expect(rows.first.locator("td.answer")).to_have_text("connection refused (nothing listens there)")
+    assert_in_view(page, "table.dead td", width)
+    lines = page.eval_on_selector_all("table.dead code.id", "ids => ids.map(i => i.getClientRects().length)")
+    assert lines == [1, 1], "each id on one line"
+    rows.first.locator(f"a[href='/console/subscriptions/{gone}']").click()
+    expect(page.locator("h1")).to_contain_text(gone)
+
+    recent = page.locator("#recent tbody tr")
+    expect(recent).to_have_count(1)
+    expect(recent.first).to_contain_text("booking.confirmed")
+    expect(recent.first.locator("td.answer")).to_have_text("connection refused (nothing listens there)")
+    assert_in_view(page, "#recent td", width)
+    overflow = page.evaluate("document.documentElement.scrollWidth - window.innerWidth")
+    assert overflow <= 0, f"{overflow} px wider than the screen"
+    screen.close()
+
+
+def tried_once(live: Live, refused_to: str) -> bool:
+    rows = deliveries(live.engine)
+    refused = [(d.status, d.attempt_count) for d in rows if d.subscription_id == refused_to]
+    return refused == [(DeliveryStatus.PENDING, 1)] and DeliveryStatus.SUCCEEDED in {d.status for d in rows}
+
+
+def assert_in_view(page: Page, cells: str, width: int) -> None:
+    """Every cell the selector finds is shown whole within the screen's width (no horizontal
+    scrolling needed to read it)."""
+    boxes = page.eval_on_selector_all(
+        cells, "cells => cells.map(c => { const r = c.getBoundingClientRect(); return [r.left, r.right] })"
+    )
+    assert boxes, cells
+    outside = [box for box in boxes if box[0] < -0.5 or box[1] > width + 0.5]
+    assert not outside, f"{cells}: {len(outside)} of {len(boxes)} cells reach past {width} px: {outside}"

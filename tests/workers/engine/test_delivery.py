@@ -424,7 +424,7 @@ async def test_a_slow_endpoint_times_out_within_the_total_timeout(
     assert "Timeout" in row.last_error
 
 
-async def test_a_refused_connection_is_a_connect_error(
+async def test_a_refused_connection_says_so(
     database: Engine,
     settings: Settings,
     jwks: JWKS,
@@ -438,7 +438,7 @@ async def test_a_refused_connection_is_a_connect_error(
 
     assert report.retrying == 1
     [attempt] = attempts(database, ids[0])
-    assert (attempt.error_class, attempt.status_code) == ("connect_error", None)
+    assert (attempt.error_class, attempt.status_code) == ("connection_refused", None)
 
 
 async def test_a_huge_response_is_cut_to_an_excerpt(

@@ -40,6 +40,7 @@ from usp_workers.engine.ssrf import (
     new_client,
     send_pinned,
 )
+from usp_workers.engine.transport import FAILURES, connect_failure
 from usp_workers.settings import Settings
 
 pytestmark = pytest.mark.anyio
@@ -718,6 +719,19 @@ async def test_https_to_a_name_the_certificate_does_not_cover_fails(
     target = await check_target(f"https://other.example:{running.port}/in", DEV, resolver=resolver)
     with pytest.raises(httpx.ConnectError, match="CERTIFICATE_VERIFY_FAILED"):
         await send_pinned(tls_client, target, content=b"{}", headers={}, timeout=TIMEOUT)
+
+
+async def test_a_certificate_that_does_not_name_the_host_is_a_tls_error(
+    tls_server: tuple[Running, Pki], tls_client: httpx.AsyncClient
+) -> None:
+    """What the console and the CLI show for the try: the TLS failure, not 'connect_error'."""
+    running, _ = tls_server
+    resolver = _loopback_resolver("other.example")
+    target = await check_target(f"https://other.example:{running.port}/in", DEV, resolver=resolver)
+    with pytest.raises(httpx.ConnectError) as caught:
+        await send_pinned(tls_client, target, content=b"{}", headers={}, timeout=TIMEOUT)
+    assert connect_failure(caught.value) == "tls_error"
+    assert FAILURES["tls_error"] == "TLS failed (certificate or handshake)"
 
 
 async def test_a_connection_verified_for_one_name_is_not_reused_for_another_on_the_same_address(

@@ -5,7 +5,9 @@ Why it works this way: docs/architecture.md, "Notes by module", ``usp_workers.en
 
 from __future__ import annotations
 
+import errno
 import logging
+import ssl
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -24,7 +26,9 @@ from usp_workers.settings import CommonSettings
 
 __all__ = [
     "EXCERPT_BYTES",
+    "FAILURES",
     "TryResult",
+    "connect_failure",
     "endpoint_slot",
     "make_client",
     "refused_result",
@@ -116,7 +120,7 @@ async def send_once(
     except (httpx.TimeoutException, TimeoutError) as exc:
         return TryResult(started_at, elapsed(), error_class="timeout", error=_describe(exc, "timed out"))
     except httpx.ConnectError as exc:
-        return TryResult(started_at, elapsed(), error_class="connect_error", error=_describe(exc))
+        return TryResult(started_at, elapsed(), error_class=connect_failure(exc), error=_describe(exc))
     except httpx.TransportError as exc:
         return TryResult(started_at, elapsed(), error_class="transport_error", error=_describe(exc))
     except Exception as exc:
@@ -132,6 +136,49 @@ async def send_once(
         response_excerpt=excerpt(response.content),
         retry_after=retry_after,
     )
+
+
+def connect_failure(exc: BaseException) -> str:
+    """What kept a connection from opening, as an attempt's ``error_class``: ``tls_error`` (the
+    handshake or the certificate), ``connection_refused`` (nothing listens), ``unreachable`` (no
+    route), ``connection_reset``, else ``connect_error``. httpx wraps the OS error twice; the
+    chain is walked to find it."""
+    seen: set[int] = set()
+    cause: BaseException | None = exc
+    while cause is not None and id(cause) not in seen:
+        seen.add(id(cause))
+        if isinstance(cause, ssl.SSLError | ssl.CertificateError):
+            return "tls_error"
+        if isinstance(cause, ConnectionRefusedError):
+            return "connection_refused"
+        if isinstance(cause, ConnectionResetError):
+            return "connection_reset"
+        if isinstance(cause, OSError) and cause.errno in _UNREACHABLE:
+            return "unreachable"
+        cause = cause.__cause__ or cause.__context__
+    text = str(exc)
+    if "SSL" in text or "CERTIFICATE" in text:
+        return "tls_error"
+    if "Connection refused" in text:
+        return "connection_refused"
+    return "connect_error"
+
+
+_UNREACHABLE = frozenset({errno.ENETUNREACH, errno.EHOSTUNREACH, errno.EADDRNOTAVAIL})
+
+#: What each ``error_class`` of a try without an answer means, for people (console, CLI).
+FAILURES: dict[str, str] = {
+    "timeout": "timed out",
+    "connection_refused": "connection refused (nothing listens there)",
+    "connection_reset": "connection reset",
+    "unreachable": "network unreachable",
+    "tls_error": "TLS failed (certificate or handshake)",
+    "dns_error": "the name does not resolve (DNS)",
+    "ssrf_refused": "refused: a private or reserved address",
+    "connect_error": "could not connect",
+    "transport_error": "the connection broke",
+    "internal_error": "an internal error (see the worker's log)",
+}
 
 
 def refused_result(refusal: Exception, started_at: datetime) -> TryResult:

@@ -23,8 +23,16 @@ from usp_workers.operations.listing import (
     list_notices,
     list_subscriptions,
     platform_deliveries,
+    subscription_deliveries,
 )
-from usp_workers.operations.query import MAX_PAGE, SHORTENED_ID, decode_cursor, encode_cursor, find_ids
+from usp_workers.operations.query import (
+    MAX_PAGE,
+    SHORTENED_ID,
+    decode_cursor,
+    encode_cursor,
+    find_ids,
+    short_id,
+)
 from usp_workers.operations.replay import replay_event
 from usp_workers.operations.subscriptions import (
     DELETED,
@@ -97,8 +105,10 @@ __all__ = [
     "run_job",
     "set_rate_limit",
     "set_subscription_state",
+    "short_id",
     "start_recover",
     "start_redrive",
     "step_job",
+    "subscription_deliveries",
     "subscription_health",
 ]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from datetime import datetime
+from typing import Any
 
 import sqlalchemy as sa
 from sqlmodel import Session, col, select
@@ -21,6 +22,7 @@ from usp_workers.operations.query import (
     _delivery_page,
     _events,
     _in_range,
+    _subscription,
     _subscriptions,
     decode_cursor,
     encode_cursor,
@@ -163,22 +165,37 @@ def platform_deliveries(
     """Deliveries to the subscriptions of one platform (``platform_profile``), newest first, each
     with its attempts and event type; narrowed to one of its subscriptions or one event. Never
     another platform's, nor the business's own: what the platform portal shows."""
-    limit = _clamp(limit)
-    statement = (
-        sa.select(_deliveries, _events.c.event_type)
-        .join(_events, _events.c.id == _deliveries.c.event_id)
-        .join(_subscriptions, _subscriptions.c.id == _deliveries.c.subscription_id)
-        .where(_subscriptions.c.platform_profile == platform_profile)
-        .order_by(_deliveries.c.id.desc())
-        .limit(limit + 1)
+    statement = _newest_deliveries(cursor, limit).join(
+        _subscriptions, _subscriptions.c.id == _deliveries.c.subscription_id
     )
+    statement = statement.where(_subscriptions.c.platform_profile == platform_profile)
     if subscription_id is not None:
         statement = statement.where(_deliveries.c.subscription_id == subscription_id)
     if event_id is not None:
         statement = statement.where(_deliveries.c.event_id == event_id)
+    return _delivery_page(session, statement, _clamp(limit))
+
+
+def subscription_deliveries(
+    session: Session, subscription_id: str, *, cursor: str | None = None, limit: int = 20
+) -> Page[DeliveryView]:
+    """One subscription's deliveries, newest first, each with its attempts and event type
+    (:class:`NotFound` when there is no such subscription): what its console page lists."""
+    _subscription(session, subscription_id)
+    statement = _newest_deliveries(cursor, limit).where(_deliveries.c.subscription_id == subscription_id)
+    return _delivery_page(session, statement, _clamp(limit))
+
+
+def _newest_deliveries(cursor: str | None, limit: int) -> sa.Select[Any]:
+    statement = (
+        sa.select(_deliveries, _events.c.event_type)
+        .join(_events, _events.c.id == _deliveries.c.event_id)
+        .order_by(_deliveries.c.id.desc())
+        .limit(_clamp(limit) + 1)
+    )
     if cursor is not None:
         statement = statement.where(_deliveries.c.id < decode_cursor(cursor))
-    return _delivery_page(session, statement, limit)
+    return statement
 
 
 def list_subscriptions(

@@ -168,6 +168,25 @@ _ID_TABLES: dict[str, sa.Table] = {
     "dlv": _deliveries,
     "job": _jobs,
 }
+
+
+def short_id(value: str | None) -> str:
+    """``value`` as a table shows it (and :data:`SHORTENED_ID` reads it back).
+
+    >>> short_id("dlv_01a2442ce15477f68ce1e1957203eef7")
+    'dlv_…7203eef7'
+    >>> short_id("evt_789abc")
+    'evt_789abc'
+    """
+    if value is None:
+        return "-"
+    if len(value) <= 16:
+        return value
+    prefix, underscore, _ = value.partition("_")
+    head = prefix + underscore if underscore and len(prefix) <= 6 else ""
+    return f"{head}…{value[-8:]}"
+
+
 #: An id as the CLI's tables print it (``evt_…7203eef7``), or typed with ``...``.
 SHORTENED_ID = re.compile(r"([a-z]{3})_(?:…|\.\.\.)([0-9a-f]{4,32})")
 
