@@ -39,22 +39,8 @@ from usp_workers.storage.models import Notice, Subscription
 
 
 def test_listen_prints_verified_events_forwards_them_and_unsubscribes(live: Live) -> None:
-    forwarded = Answer(200)
-    forward_url, forward_path = live.endpoint("forward", forwarded)
-    results: list[Result] = []
-    listener = threading.Thread(
-        target=lambda: results.append(live.run("listen", "--forward-to", forward_url, "--max-events", "1")),
-        daemon=True,
-    )
-    listener.start()
-    wait_until(lambda: len(listening(live.engine)) == 1, "the temporary subscription", live)
-
-    body = post_event(live)
-    listener.join(WAIT)
-    assert not listener.is_alive(), live.worker.output()
-
-    (result,) = results
-    assert result.exit_code == 0, result.output
+    forward_url, forward_path = live.endpoint("forward", Answer(200))
+    body, result = listen_for_one_event(live, forward_url)
     event_id = parse_event(body).event_id
     assert re.search(rf"verified booking\.confirmed {event_id} \(key ", result.output), result.output
     assert f"-> {forward_url}: 200" in result.output
@@ -71,17 +57,7 @@ def test_a_receiver_that_refuses_the_forwarded_delivery_is_told_why_and_the_fix(
     delivery was sent to (listen's), so it answers 401; listen prints the reason and the fix."""
     handled: list[str] = []
     target, _ = live.endpoint("strict", readme_receiver(live, "/cli/strict", handled, public_url=None))
-    results: list[Result] = []
-    listener = threading.Thread(
-        target=lambda: results.append(live.run("listen", "--forward-to", target, "--max-events", "1")),
-        daemon=True,
-    )
-    listener.start()
-    wait_until(lambda: len(listening(live.engine)) == 1, "the temporary subscription", live)
-    post_event(live)
-    listener.join(WAIT)
-    (result,) = results
-    assert result.exit_code == 0, result.output
+    _, result = listen_for_one_event(live, target)
     assert re.search(rf"-> {re.escape(target)}: 401 \w+", result.output), result.output
     (local,) = re.findall(r"listening on (\S+) as", result.output)
     assert f'public_url="{local}"' in result.output, result.output
@@ -146,6 +122,22 @@ def test_a_listener_killed_outright_loses_its_subscription_when_the_lease_lapses
 
 
 # -- helpers ---------------------------------------------------------------------------------------
+
+
+def listen_for_one_event(live: Live, forward_to: str) -> tuple[str, Result]:
+    """``listen --forward-to … --max-events 1`` (in this process, on a thread) while one event is
+    posted; the event's body and listen's result, which succeeded."""
+    results: list[Result] = []
+    args = ("listen", "--forward-to", forward_to, "--max-events", "1")
+    listener = threading.Thread(target=lambda: results.append(live.run(*args)), daemon=True)
+    listener.start()
+    wait_until(lambda: len(listening(live.engine)) == 1, "the temporary subscription", live)
+    body = post_event(live)
+    listener.join(WAIT)
+    assert not listener.is_alive(), live.worker.output()
+    (result,) = results
+    assert result.exit_code == 0, result.output
+    return body, result
 
 
 def readme_receiver(live: Live, path: str, handled: list[str], *, public_url: str | None) -> FastAPI:
