@@ -1,0 +1,174 @@
+"""Standard Webhooks 1.0 signatures (``webhook-id``, ``webhook-timestamp``, ``webhook-signature``),
+which a subscription may ask for beside the RFC 9421 ones: signing for the sender, verifying here.
+
+``v1`` is HMAC-SHA256 under a ``whsec_`` secret, ``v1a`` Ed25519 under a ``whpk_`` public key; the
+signed content is ``{webhook-id}.{webhook-timestamp}.{body}``. Why both schemes, and which a
+platform should verify: docs/protocol.md, "Two signature schemes".
+
+>>> secret = new_secret()
+>>> headers = sign("evt_1", 1_700_000_000, b"{}", secrets=[secret])
+>>> verify(headers, b"{}", secrets=[secret], now=1_700_000_010)
+'evt_1'
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import hmac
+import os
+import time
+from collections.abc import Mapping, Sequence
+
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+
+from usp_receiver._errors import (
+    BadSignature,
+    FutureSignature,
+    MalformedSignature,
+    MissingSignature,
+    StaleSignature,
+)
+
+__all__ = [
+    "PUBLIC_KEY_PREFIX",
+    "SECRET_KEY_PREFIX",
+    "SECRET_PREFIX",
+    "TOLERANCE",
+    "new_secret",
+    "new_signing_key",
+    "public_key_of",
+    "sign",
+    "verify",
+]
+
+SECRET_PREFIX = "whsec_"  # noqa: S105 (a prefix, not a secret)
+SECRET_KEY_PREFIX = "whsk_"  # noqa: S105
+PUBLIC_KEY_PREFIX = "whpk_"
+#: Seconds a ``webhook-timestamp`` may be off, either way: the spec's libraries use five minutes.
+TOLERANCE = 300
+#: Signatures one header may carry before it is refused unread (a rotation sends two per scheme).
+MAX_SIGNATURES = 8
+
+
+def new_secret() -> str:
+    """A fresh ``whsec_`` secret: 32 random bytes (the spec asks for 24 to 64)."""
+    return SECRET_PREFIX + base64.b64encode(os.urandom(32)).decode("ascii")
+
+
+def new_signing_key() -> str:
+    """A fresh Ed25519 private key as ``whsk_`` + base64 of its 32-byte seed."""
+    seed = Ed25519PrivateKey.generate().private_bytes(
+        serialization.Encoding.Raw, serialization.PrivateFormat.Raw, serialization.NoEncryption()
+    )
+    return SECRET_KEY_PREFIX + base64.b64encode(seed).decode("ascii")
+
+
+def public_key_of(signing_key: str) -> str:
+    """The ``whpk_`` public key of a ``whsk_`` signing key: what a platform verifies ``v1a`` with."""
+    public = (
+        _private(signing_key)
+        .public_key()
+        .public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+    )
+    return PUBLIC_KEY_PREFIX + base64.b64encode(public).decode("ascii")
+
+
+def sign(
+    msg_id: str,
+    timestamp: int,
+    body: bytes,
+    *,
+    secrets: Sequence[str] = (),
+    signing_keys: Sequence[str] = (),
+) -> dict[str, str]:
+    """The three headers for one send: a ``v1`` signature per secret, a ``v1a`` per signing key
+    (during a rotation, the new and the old one each)."""
+    if "." in msg_id:
+        raise ValueError("a webhook-id must not contain '.': it delimits the signed content")
+    content = _content(msg_id, str(timestamp), body)
+    signatures = [f"v1,{_b64(hmac.digest(_secret_bytes(s), content, hashlib.sha256))}" for s in secrets]
+    signatures += [f"v1a,{_b64(_private(k).sign(content))}" for k in signing_keys]
+    if not signatures:
+        raise ValueError("no secret and no signing key to sign with")
+    return {
+        "webhook-id": msg_id,
+        "webhook-timestamp": str(timestamp),
+        "webhook-signature": " ".join(signatures),
+    }
+
+
+def verify(
+    headers: Mapping[str, str],
+    body: bytes,
+    *,
+    secrets: Sequence[str] = (),
+    public_keys: Sequence[str] = (),
+    tolerance: int = TOLERANCE,
+    now: float | None = None,
+) -> str:
+    """The ``webhook-id`` of a request one of whose signatures holds under ``secrets`` (``v1``)
+    or ``public_keys`` (``v1a``); else raise :class:`MissingSignature`,
+    :class:`MalformedSignature`, :class:`StaleSignature`, :class:`FutureSignature` or
+    :class:`BadSignature`. Header names are matched case-insensitively."""
+    fields = {name.lower(): value for name, value in headers.items()}
+    msg_id, stamp, header = (fields.get(f"webhook-{n}") for n in ("id", "timestamp", "signature"))
+    if msg_id is None or stamp is None or header is None:
+        raise MissingSignature("webhook-id, webhook-timestamp and webhook-signature must all be present")
+    if not stamp.isascii() or not stamp.isdigit() or len(stamp) > 12:
+        raise MalformedSignature(f"webhook-timestamp is not Unix seconds: {stamp[:40]!r}")
+    moment = time.time() if now is None else now
+    if int(stamp) < moment - tolerance:
+        raise StaleSignature(f"webhook-timestamp is {moment - int(stamp):.0f} s old")
+    if int(stamp) > moment + tolerance:
+        raise FutureSignature(f"webhook-timestamp is {int(stamp) - moment:.0f} s in the future")
+    entries = header.split()
+    if len(entries) > MAX_SIGNATURES:
+        raise MalformedSignature(
+            f"webhook-signature carries {len(entries)} signatures, more than {MAX_SIGNATURES}"
+        )
+    content = _content(msg_id, stamp, body)
+    macs = [hmac.digest(_secret_bytes(s), content, hashlib.sha256) for s in secrets]
+    keys = [_public(k) for k in public_keys]
+    for entry in entries:
+        version, _, value = entry.partition(",")
+        try:
+            signature = base64.b64decode(value, validate=True)
+        except (binascii.Error, ValueError):
+            continue
+        if version == "v1" and any(hmac.compare_digest(signature, mac) for mac in macs):
+            return msg_id
+        if version == "v1a" and any(_holds(key, signature, content) for key in keys):
+            return msg_id
+    raise BadSignature("no webhook-signature entry holds under the secrets and keys given")
+
+
+def _content(msg_id: str, stamp: str, body: bytes) -> bytes:
+    return f"{msg_id}.{stamp}.".encode() + body
+
+
+def _b64(raw: bytes) -> str:
+    return base64.b64encode(raw).decode("ascii")
+
+
+def _secret_bytes(secret: str) -> bytes:
+    return base64.b64decode(secret.removeprefix(SECRET_PREFIX))
+
+
+def _private(signing_key: str) -> Ed25519PrivateKey:
+    return Ed25519PrivateKey.from_private_bytes(base64.b64decode(signing_key.removeprefix(SECRET_KEY_PREFIX)))
+
+
+def _public(public_key: str) -> Ed25519PublicKey:
+    return Ed25519PublicKey.from_public_bytes(base64.b64decode(public_key.removeprefix(PUBLIC_KEY_PREFIX)))
+
+
+def _holds(key: Ed25519PublicKey, signature: bytes, content: bytes) -> bool:
+    try:
+        key.verify(signature, content)
+    except InvalidSignature:
+        return False
+    return True
