@@ -68,6 +68,12 @@ class CommonSettings(BaseSettings):
         default=None,
         description="folder for signing keys; unset: keys live in the database's signing-key table",
     )
+    secrets_key: SecretStr | None = Field(
+        default=None,
+        description="encrypts subscriptions' Standard Webhooks secrets at rest (AES-256-GCM under a key "
+        "derived from it; e.g. `openssl rand -hex 32`); unset: subscriptions may not ask for Standard "
+        "Webhooks signatures (`up` makes one in `usp-webhooks-secrets.key`)",
+    )
     key_publish_lead_seconds: float = Field(
         default=300.0,
         ge=0,

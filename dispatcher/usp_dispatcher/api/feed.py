@@ -6,6 +6,7 @@ MCP surface, which calls the same :mod:`usp_dispatcher.webhooks.feed` functions.
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Response
@@ -18,6 +19,7 @@ from usp_dispatcher.web.auth import AdminDep
 from usp_dispatcher.web.deps import ResolverDep, SessionDep, SettingsDep
 from usp_dispatcher.webhooks import feed
 from usp_dispatcher.webhooks.profiles import register_profile
+from usp_workers.engine.webhook_secrets import WebhookSecrets
 from usp_workers.storage.models import OnDead, Ordering, Subscription, SubscriptionState, Transport
 
 __all__ = ["router"]
@@ -48,12 +50,33 @@ class SubscriptionIn(BaseModel):
         description="under subject ordering, what a dead delivery does to its subject's later events:"
         " block (they wait until it is redriven) or skip (they go on)",
     )
+    signatures: list[str] = Field(
+        default_factory=lambda: ["rfc9421"],
+        min_length=1,
+        max_length=3,
+        description="the schemes every delivery is signed with: rfc9421 (always), and"
+        " standard-webhooks (v1, HMAC-SHA256; its whsec_ secret is in this answer, once) and/or"
+        " standard-webhooks-v1a (Ed25519; its whpk_ public key is in this answer)",
+    )
     lease_seconds: int | None = Field(
         default=None,
         ge=feed.MIN_LEASE_SECONDS,
         le=feed.MAX_LEASE_SECONDS,
         description="a temporary subscription (a listener's): deleted by the scheduler once this many"
         " seconds pass without POST .../lease renewing it; none: until deleted",
+    )
+
+
+class RotateIn(BaseModel):
+    """A Standard Webhooks secret rotation."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    overlap_seconds: int = Field(
+        default=86_400,
+        ge=0,
+        le=7 * 86_400,
+        description="how long the old secret (and key) keep signing beside the new one",
     )
 
 
@@ -86,10 +109,14 @@ async def create_subscription(
         body.ordering,
         body.on_dead,
         body.lease_seconds,
+        tuple(body.signatures),
     )
     checked = await feed.check_subscription(spec, settings, resolver=resolver)
     subscription = await run_in_threadpool(_add_and_commit, session, checked)
-    return JSONResponse(feed.subscription_view(subscription), status_code=201)
+    view = feed.subscription_view(subscription)
+    if checked.secrets is not None:
+        view |= _secrets_view(checked.secrets)
+    return JSONResponse(view, status_code=201)
 
 
 @router.get("/subscriptions")
@@ -125,6 +152,24 @@ async def renew_lease(subscription_id: str, body: LeaseIn, session: SessionDep) 
     was deleted: subscribe again)."""
     subscription = await run_in_threadpool(feed.renew_lease, session, subscription_id, body.lease_seconds)
     return feed.subscription_view(subscription)
+
+
+@router.post("/subscriptions/{subscription_id}/secrets/rotate")
+async def rotate_secrets(
+    subscription_id: str, session: SessionDep, settings: SettingsDep, body: RotateIn | None = None
+) -> dict[str, Any]:
+    """A new Standard Webhooks secret (and key), shown in this answer once; the old ones keep
+    signing for ``overlap_seconds`` (a day by default), so receivers can switch without a gap."""
+    overlap = timedelta(seconds=(body or RotateIn()).overlap_seconds)
+    rotated = await run_in_threadpool(
+        feed.rotate_secrets, session, subscription_id, settings, overlap=overlap
+    )
+    subscription = await run_in_threadpool(feed.get_subscription, session, subscription_id)
+    return feed.subscription_view(subscription) | _secrets_view(rotated)
+
+
+def _secrets_view(secrets: WebhookSecrets) -> dict[str, Any]:
+    return {"webhook_secret": secrets.secret, "webhook_public_key": secrets.public_key}
 
 
 @router.post("/profiles", status_code=201, responses={200: {"description": "existing subscription updated"}})

@@ -5,6 +5,7 @@ Why it works this way: docs/architecture.md, "Notes by module", ``usp_dispatcher
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
 import os
@@ -16,6 +17,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from types import FrameType
 
 import httpx
@@ -107,7 +109,24 @@ def child_environment(
         env["USP_ADMIN_TOKEN"] = generated
     if "public_base_url" not in settings.model_fields_set:
         env["USP_PUBLIC_BASE_URL"] = f"http://{display_host(host)}:{port}"
+    if settings.secrets_key is None:
+        env["USP_SECRETS_KEY"] = local_secrets_key(Path(SECRETS_KEY_FILE))
     return env, generated
+
+
+#: Where ``up`` keeps the key that seals Standard Webhooks secrets when none is configured, beside
+#: its SQLite files: the secrets must open again after a restart, so it cannot be per session.
+SECRETS_KEY_FILE = "usp-webhooks-secrets.key"
+
+
+def local_secrets_key(path: Path) -> str:
+    """The key in ``path``, made (readable by its owner alone) the first time."""
+    if not path.exists():
+        with contextlib.suppress(FileExistsError):
+            descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(descriptor, "w") as out:
+                out.write(secrets.token_hex(32) + "\n")
+    return path.read_text().strip()
 
 
 def display_host(host: str) -> str:

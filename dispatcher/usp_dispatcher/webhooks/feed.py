@@ -8,7 +8,7 @@ from __future__ import annotations
 import fnmatch
 import json
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from enum import Enum
 from typing import Any, Final
@@ -16,11 +16,13 @@ from typing import Any, Final
 import anyio.to_thread
 import httpx
 import sqlalchemy as sa
+from pydantic import SecretStr
 from sqlmodel import Session, col, select
 
 from usp_dispatcher.errors import Conflict, NotFound, Refused
 from usp_schemas import EVENT_TYPES
 from usp_workers.engine.ssrf import ResolvedTarget, Resolver, TargetRefused, check_target
+from usp_workers.engine.webhook_secrets import RFC9421, SCHEMES, WebhookSecrets, seal, unseal
 from usp_workers.operations import DELETED
 from usp_workers.settings import ApiSettings
 from usp_workers.storage import db
@@ -38,6 +40,7 @@ __all__ = [
     "Page",
     "SubscriptionSpec",
     "add_subscription",
+    "check_signatures",
     "check_subscription",
     "check_url",
     "count_active_subscriptions",
@@ -46,6 +49,7 @@ __all__ = [
     "list_subscriptions",
     "normalize_event_types",
     "renew_lease",
+    "rotate_secrets",
     "subscription_view",
     "upsert_profile_subscription",
     "wire_url",
@@ -83,6 +87,7 @@ class SubscriptionSpec:
     ordering: Ordering = Ordering.NONE
     on_dead: OnDead = OnDead.BLOCK
     lease_seconds: int | None = None
+    signatures: Sequence[str] = (RFC9421,)
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,6 +102,10 @@ class CheckedSubscription:
     ordering: Ordering = Ordering.NONE
     on_dead: OnDead = OnDead.BLOCK
     lease_seconds: int | None = None
+    signatures: tuple[str, ...] = (RFC9421,)
+    #: made by the check when a Standard Webhooks scheme is asked for; sealed by add_subscription
+    secrets: WebhookSecrets | None = None
+    secrets_key: SecretStr | None = field(default=None, repr=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,6 +160,7 @@ async def check_subscription(
     patterns = normalize_event_types(spec.event_types)
     if spec.lease_seconds is not None:
         _check_lease(spec.lease_seconds)
+    schemes = check_signatures(spec.signatures, settings)
     url = wire_url(spec.url)
     await check_url(url, settings, resolver=resolver)
     return CheckedSubscription(
@@ -161,6 +171,9 @@ async def check_subscription(
         Ordering(spec.ordering),
         OnDead(spec.on_dead),
         spec.lease_seconds,
+        schemes,
+        WebhookSecrets.new(schemes) if schemes != (RFC9421,) else None,
+        settings.secrets_key,
     )
 
 
@@ -176,6 +189,9 @@ def add_subscription(session: Session, checked: CheckedSubscription) -> Subscrip
     )
     if checked.lease_seconds is not None:
         subscription.lease_until = subscription.created_at + timedelta(seconds=checked.lease_seconds)
+    subscription.signatures = json.dumps(list(checked.signatures))
+    if checked.secrets is not None:
+        subscription.webhook_secrets = seal(checked.secrets, checked.secrets_key, subscription.id)
     session.add(subscription)
     session.flush()
     return subscription
@@ -276,6 +292,54 @@ def delete_subscription(session: Session, subscription_id: str) -> None:
     session.commit()
 
 
+def check_signatures(schemes: Sequence[str], settings: ApiSettings) -> tuple[str, ...]:
+    """The signature schemes asked for, in :data:`SCHEMES` order; RFC 9421 is always one of them
+    (the seed requires it), and Standard Webhooks needs ``USP_SECRETS_KEY`` to seal its secrets."""
+    asked = set(schemes)
+    unknown = sorted(asked.difference(SCHEMES))
+    if unknown:
+        raise Refused(
+            "unknown_signature_scheme",
+            f"no signature scheme {unknown[0][:64]!r}: choose from {', '.join(SCHEMES)}",
+        )
+    if RFC9421 not in asked:
+        raise Refused(
+            "rfc9421_required",
+            "every delivery is signed with RFC 9421 (the USP profile); Standard Webhooks comes beside it",
+        )
+    if asked != {RFC9421} and settings.secrets_key is None:
+        raise Refused(
+            "secrets_key_unset",
+            "Standard Webhooks secrets are sealed at rest: set USP_SECRETS_KEY (e.g. openssl rand -hex 32)",
+        )
+    return tuple(scheme for scheme in SCHEMES if scheme in asked)
+
+
+def rotate_secrets(
+    session: Session,
+    subscription_id: str,
+    settings: ApiSettings,
+    *,
+    overlap: timedelta,
+    now: datetime | None = None,
+) -> WebhookSecrets:
+    """A new Standard Webhooks secret (and key) for the subscription, committed; the old ones
+    sign beside it for ``overlap``. Returns the new set (its secret is shown once)."""
+    subscription = get_subscription(session, subscription_id)
+    if subscription.webhook_secrets is None:
+        raise Conflict(
+            "no_webhook_secret", f"subscription {subscription_id!r} has no Standard Webhooks signatures"
+        )
+    moment = now or utcnow()
+    current = unseal(subscription.webhook_secrets, settings.secrets_key, subscription.id)
+    rotated = current.rotated(moment, overlap)
+    subscription.webhook_secrets = seal(rotated, settings.secrets_key, subscription.id)
+    subscription.updated_at = moment
+    session.add(subscription)
+    session.commit()
+    return rotated
+
+
 def renew_lease(
     session: Session, subscription_id: str, seconds: int, *, now: datetime | None = None
 ) -> Subscription:
@@ -316,6 +380,7 @@ def subscription_view(subscription: Subscription) -> dict[str, Any]:
         "state": SubscriptionState(subscription.state).value,
         "disabled_reason": subscription.disabled_reason,
         "lease_until": subscription.lease_until.isoformat() if subscription.lease_until else None,
+        "signatures": json.loads(subscription.signatures),
         "created_at": subscription.created_at.isoformat(),
         "updated_at": subscription.updated_at.isoformat(),
     }

@@ -14,6 +14,7 @@ from typing import Any
 
 import httpx
 import pytest
+from pydantic import SecretStr
 from sqlalchemy.engine import Engine
 from sqlmodel import Session, col, select
 from typer.testing import CliRunner, Result
@@ -28,6 +29,8 @@ from usp_receiver import JWKS
 from usp_workers.storage.models import Delivery
 
 WAIT = 60.0
+#: Seals the service's Standard Webhooks secrets (USP_SECRETS_KEY), in the API and the worker.
+SECRETS_KEY = "test-secrets-key-" + "0" * 32
 
 
 @dataclass
@@ -68,12 +71,13 @@ class Live:
 def running_service(
     make_settings: MakeSettings, serve: Serve, engine: Engine, tmp_path: Path
 ) -> Iterator[Live]:
-    settings = make_settings(retry_schedule=(0.2, 0.2), retry_jitter=0.0)
+    settings = make_settings(retry_schedule=(0.2, 0.2), retry_jitter=0.0, secrets_key=SecretStr(SECRETS_KEY))
     base = serve(create_app(settings))
     jwks = JWKS.from_dict(httpx.get(base + "/.well-known/usp/jwks.json").json())
     fields = {
         "database_url": settings.database_url,
         "broker_url": settings.broker_url,
+        "secrets_key": SECRETS_KEY,
         "allow_private_targets": True,
         "retry_schedule": (0.2, 0.2),
         "retry_jitter": 0.0,

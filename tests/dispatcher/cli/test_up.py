@@ -175,7 +175,10 @@ def assert_up_delivers_and_stops(up: Up, serve: Serve, timeout: float = UP_TIMEO
 # -- the children's environment ------------------------------------------------------------------------
 
 
-def test_a_token_is_generated_only_when_none_is_configured() -> None:
+def test_a_token_is_generated_only_when_none_is_configured(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)  # up's secrets key is a file in the working folder
     unset = Settings(_env_file=None)
     env, token = child_environment(unset, {"PATH": "/bin"}, host="127.0.0.1", port=9000)
     assert token is not None
@@ -192,6 +195,16 @@ def test_a_token_is_generated_only_when_none_is_configured() -> None:
     assert env["USP_ADMIN_TOKEN"] == "s3cret"
     assert "USP_PUBLIC_BASE_URL" not in env, "a configured public URL is left alone"
     assert "USP_ALLOW_PRIVATE_TARGETS" not in env, "production-safe unless --dev"
+
+    key = tmp_path / "usp-webhooks-secrets.key"
+    assert env["USP_SECRETS_KEY"] == key.read_text().strip(), "made once, kept for the next start"
+    assert key.stat().st_mode & 0o777 == 0o600
+    assert (
+        child_environment(configured, {}, host="127.0.0.1", port=9000)[0]["USP_SECRETS_KEY"]
+        == (env["USP_SECRETS_KEY"])
+    )
+    sealed = Settings(_env_file=None, secrets_key=SecretStr("configured"))
+    assert "USP_SECRETS_KEY" not in child_environment(sealed, {}, host="127.0.0.1", port=9000)[0]
 
     env, _ = child_environment(configured, {}, host="127.0.0.1", port=9000, dev=True)
     assert env["USP_ALLOW_PRIVATE_TARGETS"] == "true"

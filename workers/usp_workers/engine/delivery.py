@@ -45,6 +45,7 @@ from usp_workers.engine.store import (
 )
 from usp_workers.engine.transport import TryResult, endpoint_slot, refused_result, send_once
 from usp_workers.engine.verdict import Verdict, judge
+from usp_workers.engine.webhook_secrets import unseal
 from usp_workers.settings import WorkerSettings
 from usp_workers.storage.models import (
     AttemptOutcome,
@@ -628,6 +629,10 @@ class _Batch:
         self, delivery: Claimed, event: LoadedEvent, subscription: LoadedSubscription, target: ResolvedTarget
     ) -> TryResult:
         try:
+            standard = None
+            if subscription.webhook_secrets is not None:
+                sealed = unseal(subscription.webhook_secrets, self.settings.secrets_key, subscription.id)
+                standard = sealed.signing(self.now())
             body, headers = build_delivery_request(
                 event,
                 subscription,
@@ -635,6 +640,7 @@ class _Batch:
                 created=int(self.now().timestamp()),
                 delivery_id=delivery.id,
                 bodies=self.bodies,
+                standard=standard,
             )
         except Exception as exc:
             logger.exception("could not build delivery %s", delivery.id)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import MutableMapping, Sequence
 
-from usp_receiver import SigningKey, sign_request
+from usp_receiver import SigningKey, sign_request, standard_webhooks
 from usp_schemas import WEBHOOK_METHOD
 from usp_workers.storage.models import EventView, SubscriptionView, Transport
 
@@ -30,9 +30,12 @@ def build_delivery_request(
     created: int,
     delivery_id: str | None = None,
     bodies: BodyCache | None = None,
+    standard: tuple[Sequence[str], Sequence[str]] | None = None,
 ) -> tuple[bytes, dict[str, str]]:
     """The body and headers of one try of ``event`` to ``subscription``, signed by ``keys``
-    (newest first: ``sig1`` is the newest key) at ``created`` (Unix seconds).
+    (newest first: ``sig1`` is the newest key) at ``created`` (Unix seconds); with ``standard``
+    (``whsec_`` secrets, ``whsk_`` keys), Standard Webhooks headers too, ``webhook-id`` the
+    event's id (the same on every retry) and ``webhook-timestamp`` ``created``.
 
     ``USP-Event-Id`` and ``USP-Delivery-Id`` are informational (handy in receivers' logs) and not
     covered by the signature; receivers deduplicate on the signed body's ``event_id``.
@@ -45,6 +48,10 @@ def build_delivery_request(
             bodies[(event.id, transport)] = body
     headers = {"Content-Type": CONTENT_TYPE}
     headers |= sign_request("POST", subscription.url, headers, body, keys, created=created)
+    if standard is not None:
+        headers |= standard_webhooks.sign(
+            event.id, created, body, secrets=standard[0], signing_keys=standard[1]
+        )
     headers["User-Agent"] = USER_AGENT
     headers["USP-Event-Id"] = event.id
     if delivery_id is not None:

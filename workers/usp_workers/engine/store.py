@@ -119,6 +119,7 @@ class LoadedSubscription:
     last_success_at: datetime | None
     breaker_state: BreakerState
     breaker_until: datetime | None
+    webhook_secrets: str | None = None  #: sealed; set when it asked for Standard Webhooks signatures
 
 
 def claim(engine: Engine, ids: Sequence[str], *, now: datetime, lease_until: datetime) -> list[Claimed]:
@@ -166,6 +167,7 @@ def claim_and_load(
                 last_success_at=row.last_success_at,
                 breaker_state=BreakerState(row.breaker_state),
                 breaker_until=row.breaker_until,
+                webhook_secrets=row.webhook_secrets,
             )
     return claims, events, subscriptions
 
@@ -264,6 +266,7 @@ def _read(claimed: Any) -> sa.Select[Any]:
             subscriptions.last_success_at,
             subscriptions.breaker_state,
             subscriptions.breaker_until,
+            subscriptions.webhook_secrets,
         )
         .select_from(
             claimed.outerjoin(_events, events.id == claimed.c.event_id).outerjoin(

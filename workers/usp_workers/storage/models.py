@@ -198,6 +198,19 @@ class Subscription(SQLModel, table=True):
     on_dead: OnDead = Field(
         default=OnDead.BLOCK, sa_type=sa.String(16), sa_column_kwargs={"server_default": "block"}
     )
+    signatures: str = Field(
+        default='["rfc9421"]',
+        max_length=128,
+        sa_column_kwargs={"server_default": '["rfc9421"]'},
+        description="JSON list of the signature schemes each delivery carries: rfc9421, standard-webhooks, "
+        "standard-webhooks-v1a",
+    )
+    webhook_secrets: str | None = Field(
+        default=None,
+        sa_type=sa.Text,
+        repr=False,
+        description="the Standard Webhooks secrets and keys, sealed (usp_workers.engine.webhook_secrets)",
+    )
     lease_until: datetime | None = Field(
         default=None,
         sa_type=UtcDateTime,

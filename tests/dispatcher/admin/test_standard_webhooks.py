@@ -1,0 +1,124 @@
+"""Standard Webhooks signatures beside RFC 9421, end to end: a subscription asks for them, the
+worker signs real deliveries both ways, and other people's libraries verify what arrived: the
+``standardwebhooks`` package from PyPI here, the ``standardwebhooks`` and ``svix`` npm packages
+under Node (``tests/node/standard_webhooks.test.mjs``), before and during a secret rotation; a
+tampered body and a stale timestamp are refused by each."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from standardwebhooks import Webhook, WebhookVerificationError
+
+from tests.dispatcher.admin.live import Live, event_id_in, wait_until
+from tests.dispatcher.conftest import ADMIN
+from tests.nodejs import node_test
+from tests.workers.endpoints import Answer, Seen
+from usp_receiver import Verifier, standard_webhooks
+
+PATH = "/services/feed/subscriptions"
+
+
+def subscribe(live: Live, url: str, signatures: list[str]) -> dict[str, Any]:
+    response = httpx.post(live.base + PATH, json={"url": url, "signatures": signatures}, headers=ADMIN)
+    assert response.status_code == 201, response.text
+    created: dict[str, Any] = response.json()
+    return created
+
+
+def delivered(live: Live, path: str, count: int) -> list[Seen]:
+    wait_until(lambda: len(live.hub.seen(path)) >= count, f"{count} deliveries", live)
+    return live.hub.seen(path)
+
+
+def test_standard_webhooks_deliveries_verify_in_three_libraries_through_a_rotation(
+    live: Live, tmp_path: Path
+) -> None:
+    url, path = live.endpoint("standard", Answer(200))
+    created = subscribe(live, url, ["rfc9421", "standard-webhooks", "standard-webhooks-v1a"])
+    assert created["signatures"] == ["rfc9421", "standard-webhooks", "standard-webhooks-v1a"]
+    old = created["webhook_secret"]
+    public_key = created["webhook_public_key"]
+    assert old.startswith("whsec_")
+    assert public_key.startswith("whpk_")
+    shown = httpx.get(f"{live.base}{PATH}/{created['id']}", headers=ADMIN).json()
+    assert "webhook_secret" not in shown, "the secret is shown once"
+    assert old not in json.dumps(shown)
+
+    first_event = event_id_in(live.ok("trigger", "booking.confirmed"))
+    (first,) = delivered(live, path, 1)
+    assert first.headers["webhook-id"] == first_event
+    assert abs(int(first.headers["webhook-timestamp"]) - time.time()) < 60
+    assert [s.split(",")[0] for s in first.headers["webhook-signature"].split()] == ["v1", "v1a"]
+    assert Webhook(old).verify(first.body, first.headers)["event_id"] == first_event
+    assert standard_webhooks.verify(first.headers, first.body, public_keys=[public_key]) == first_event
+    assert Verifier(live.jwks).verify("POST", url, first.headers, first.body), "RFC 9421 still signs"
+
+    rotated = httpx.post(f"{live.base}{PATH}/{created['id']}/secrets/rotate", headers=ADMIN)
+    assert rotated.status_code == 200, rotated.text
+    new = rotated.json()["webhook_secret"]
+    assert new != old
+    during = event_id_in(live.ok("trigger", "waitlist.offered"))
+    second = delivered(live, path, 2)[1]
+    assert second.headers["webhook-signature"].count("v1,") == 2, "both secrets sign during the overlap"
+    for secret in (old, new):
+        assert Webhook(secret).verify(second.body, second.headers)["event_id"] == during
+
+    tampered = second.body.replace(b'"waitlist.offered"', b'"waitlist.expired"')
+    with pytest.raises(WebhookVerificationError):
+        Webhook(new).verify(tampered, second.headers)
+    stale = standard_webhooks.sign(during, int(time.time()) - 600, second.body, secrets=[new])
+    with pytest.raises(WebhookVerificationError):
+        Webhook(new).verify(second.body, stale)
+    with pytest.raises(WebhookVerificationError):
+        Webhook(standard_webhooks.new_secret()).verify(second.body, second.headers)
+
+    cases = [
+        case("before the rotation", first, [old], first_event),
+        case("during the overlap", second, [old, new], during),
+        case("a tampered body", second, [new], during, body=tampered, refused=True),
+        case("a stale timestamp", second, [new], during, headers=stale, refused=True),
+    ]
+    (tmp_path / "cases.json").write_text(json.dumps(cases))
+    report = node_test("standard_webhooks.test.mjs", {"USP_SW_CASES": str(tmp_path / "cases.json")})
+    assert "# pass 8" in report, report
+
+
+def case(
+    name: str,
+    seen: Seen,
+    secrets: list[str],
+    event_id: str,
+    *,
+    body: bytes | None = None,
+    headers: dict[str, str] | None = None,
+    refused: bool = False,
+) -> dict[str, Any]:
+    return {
+        "name": name,
+        "body": (body or seen.body).decode(),
+        "headers": headers or {k: v for k, v in seen.headers.items() if k.startswith("webhook-")},
+        "secrets": secrets,
+        "event_id": event_id,
+        "refused": refused,
+    }
+
+
+def test_rfc9421_is_never_dropped_and_the_secret_needs_a_sealing_key(live: Live) -> None:
+    url, _ = live.endpoint("refusals", Answer(200))
+    alone = httpx.post(
+        live.base + PATH, json={"url": url, "signatures": ["standard-webhooks"]}, headers=ADMIN
+    )
+    assert (alone.status_code, alone.json()["reason"]) == (422, "rfc9421_required")
+    unknown = httpx.post(live.base + PATH, json={"url": url, "signatures": ["rfc9421", "pgp"]}, headers=ADMIN)
+    assert (unknown.status_code, unknown.json()["reason"]) == (422, "unknown_signature_scheme")
+    plain = subscribe(live, url, ["rfc9421"])
+    assert plain["signatures"] == ["rfc9421"]
+    assert "webhook_secret" not in plain
+    none = httpx.post(f"{live.base}{PATH}/{plain['id']}/secrets/rotate", headers=ADMIN)
+    assert (none.status_code, none.json()["reason"]) == (409, "no_webhook_secret")
