@@ -28,6 +28,9 @@ FRAGMENTS = {
     "# MCP 2026-07-28 (the SDK's default): a listen stream": "tests/dispatcher/mcp_live/test_listen.py",
     # the UCAP agent script: run verbatim by tests/dispatcher/ucap/test_readme.py
     "# ucap_agent.py": "tests/dispatcher/ucap/test_readme.py",
+    # continues the FastAPI receiver (keys, on_event): tests/receiver/test_standard_webhooks.py
+    # builds the same receiver, both schemes configured
+    "from usp_receiver.standard_webhooks import": "tests/receiver/test_standard_webhooks.py",
 }
 RUN_HERE = ("from fastapi import FastAPI", "from usp_receiver import JWKS, Verifier, VerificationError")
 

@@ -18,6 +18,7 @@ from usp_receiver._errors import KeyFetchError, ReceiverError, VerificationError
 from usp_receiver._message import HeadersInput
 from usp_receiver._verify import Verified, Verifier
 from usp_receiver.dedupe import DedupeStore, MemoryDedupe, Processed, process_once
+from usp_receiver.standard_webhooks import StandardVerified, StandardWebhooksVerifier
 from usp_schemas import EventValidationError, ProbeEvent, WebhookEvent, parse_event
 
 __all__ = [
@@ -41,7 +42,7 @@ class ReceivedWebhook:
     """What a handler gets: the validated event, who signed it, the exact bytes received."""
 
     event: WebhookEvent
-    verified: Verified
+    verified: Verified | StandardVerified
     body: bytes = field(repr=False)
 
 
@@ -76,7 +77,7 @@ class WebhookReceiver:
 
     def __init__(
         self,
-        verifier: Verifier,
+        verifier: Verifier | StandardWebhooksVerifier,
         handler: Handler,
         *,
         dedupe: DedupeStore | None = None,

@@ -20,6 +20,8 @@ import hmac
 import os
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
@@ -31,13 +33,20 @@ from usp_receiver._errors import (
     MalformedSignature,
     MissingSignature,
     StaleSignature,
+    VerificationError,
 )
+from usp_receiver._message import HeadersInput, normalize_fields
+
+if TYPE_CHECKING:
+    from usp_receiver._verify import Verified, Verifier
 
 __all__ = [
     "PUBLIC_KEY_PREFIX",
     "SECRET_KEY_PREFIX",
     "SECRET_PREFIX",
     "TOLERANCE",
+    "StandardVerified",
+    "StandardWebhooksVerifier",
     "new_secret",
     "new_signing_key",
     "public_key_of",
@@ -114,6 +123,18 @@ def verify(
     or ``public_keys`` (``v1a``); else raise :class:`MissingSignature`,
     :class:`MalformedSignature`, :class:`StaleSignature`, :class:`FutureSignature` or
     :class:`BadSignature`. Header names are matched case-insensitively."""
+    return _verified(headers, body, secrets, public_keys, tolerance, now)[0]
+
+
+def _verified(
+    headers: Mapping[str, str],
+    body: bytes,
+    secrets: Sequence[str],
+    public_keys: Sequence[str],
+    tolerance: int,
+    now: float | None,
+) -> tuple[str, str]:
+    """:func:`verify`'s work: the ``webhook-id`` and the scheme (``v1``, ``v1a``) that held."""
     fields = {name.lower(): value for name, value in headers.items()}
     msg_id, stamp, header = (fields.get(f"webhook-{n}") for n in ("id", "timestamp", "signature"))
     if msg_id is None or stamp is None or header is None:
@@ -140,9 +161,9 @@ def verify(
         except (binascii.Error, ValueError):
             continue
         if version == "v1" and any(hmac.compare_digest(signature, mac) for mac in macs):
-            return msg_id
+            return msg_id, version
         if version == "v1a" and any(_holds(key, signature, content) for key in keys):
-            return msg_id
+            return msg_id, version
     raise BadSignature("no webhook-signature entry holds under the secrets and keys given")
 
 
@@ -172,3 +193,70 @@ def _holds(key: Ed25519PublicKey, signature: bytes, content: bytes) -> bool:
     except InvalidSignature:
         return False
     return True
+
+
+@dataclass(frozen=True, slots=True)
+class StandardVerified:
+    """A request whose Standard Webhooks signature held: ``scheme`` ``v1`` or ``v1a``."""
+
+    scheme: str
+    webhook_id: str
+
+    @property
+    def kid(self) -> str:
+        """What signed, as handlers print it for an RFC 9421 key: the scheme."""
+        return f"standard-webhooks {self.scheme}"
+
+
+class StandardWebhooksVerifier:
+    """The verifier a :class:`~usp_receiver.WebhookReceiver` takes for Standard Webhooks: ``v1``
+    under ``secrets``, ``v1a`` under ``public_keys``; with ``rfc9421``, a request this scheme
+    does not vouch for (no such headers, or none that holds) is judged by RFC 9421 instead, so a
+    platform moving between the two loses no delivery.
+
+    >>> from usp_receiver import WebhookReceiver
+    >>> receiver = WebhookReceiver(StandardWebhooksVerifier(secrets=[new_secret()]), print)
+    """
+
+    def __init__(
+        self,
+        *,
+        secrets: Sequence[str] = (),
+        public_keys: Sequence[str] = (),
+        tolerance: int = TOLERANCE,
+        rfc9421: Verifier | None = None,
+    ) -> None:
+        if not secrets and not public_keys and rfc9421 is None:
+            raise ValueError("give the whsec_ secrets, the whpk_ public keys, or both")
+        self.secrets = tuple(secrets)
+        self.public_keys = tuple(public_keys)
+        self.tolerance = tolerance
+        self.rfc9421 = rfc9421
+
+    def verify(
+        self, method: str, url: str, headers: HeadersInput, body: bytes, *, now: float | None = None
+    ) -> StandardVerified | Verified:
+        fields = {name: ", ".join(lines) for name, lines in normalize_fields(headers).items()}
+        try:
+            return self._standard(fields, body, now)
+        except VerificationError:
+            if self.rfc9421 is None:
+                raise
+        return self.rfc9421.verify(method, url, headers, body, now=now)
+
+    async def averify(
+        self, method: str, url: str, headers: HeadersInput, body: bytes, *, now: float | None = None
+    ) -> StandardVerified | Verified:
+        fields = {name: ", ".join(lines) for name, lines in normalize_fields(headers).items()}
+        try:
+            return self._standard(fields, body, now)
+        except VerificationError:
+            if self.rfc9421 is None:
+                raise
+        return await self.rfc9421.averify(method, url, headers, body, now=now)
+
+    def _standard(self, fields: Mapping[str, str], body: bytes, now: float | None) -> StandardVerified:
+        if not self.secrets and not self.public_keys:
+            raise MissingSignature("no Standard Webhooks secret or key is configured")
+        webhook_id, scheme = _verified(fields, body, self.secrets, self.public_keys, self.tolerance, now)
+        return StandardVerified(scheme, webhook_id)
