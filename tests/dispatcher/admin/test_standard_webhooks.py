@@ -7,6 +7,7 @@ tampered body and a stale timestamp are refused by each."""
 from __future__ import annotations
 
 import json
+import re
 import time
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,7 @@ from tests.dispatcher.conftest import ADMIN
 from tests.nodejs import node_test
 from tests.workers.endpoints import Answer, Seen
 from usp_receiver import Verifier, standard_webhooks
+from usp_workers.operations import short_id
 
 PATH = "/services/feed/subscriptions"
 
@@ -59,10 +61,10 @@ def test_standard_webhooks_deliveries_verify_in_three_libraries_through_a_rotati
     assert standard_webhooks.verify(first.headers, first.body, public_keys=[public_key]) == first_event
     assert Verifier(live.jwks).verify("POST", url, first.headers, first.body), "RFC 9421 still signs"
 
-    rotated = httpx.post(f"{live.base}{PATH}/{created['id']}/secrets/rotate", headers=ADMIN)
-    assert rotated.status_code == 200, rotated.text
-    new = rotated.json()["webhook_secret"]
+    rotated = live.ok("subscriptions", "rotate-secret", short_id(created["id"]), "--overlap", "2h")
+    (new,) = re.findall(r"whsec_\S+", rotated)
     assert new != old
+    assert "the old one signs beside it for 2h" in rotated
     during = event_id_in(live.ok("trigger", "waitlist.offered"))
     second = delivered(live, path, 2)[1]
     assert second.headers["webhook-signature"].count("v1,") == 2, "both secrets sign during the overlap"
@@ -122,3 +124,6 @@ def test_rfc9421_is_never_dropped_and_the_secret_needs_a_sealing_key(live: Live)
     assert "webhook_secret" not in plain
     none = httpx.post(f"{live.base}{PATH}/{plain['id']}/secrets/rotate", headers=ADMIN)
     assert (none.status_code, none.json()["reason"]) == (409, "no_webhook_secret")
+    refused = live.run("subscriptions", "rotate-secret", plain["id"])
+    assert refused.exit_code == 1
+    assert "409 no_webhook_secret" in refused.output
