@@ -226,6 +226,10 @@ class SubscriptionHealthOut(_Out):
     blocked_subjects: int = Field(
         description="subjects waiting behind a dead delivery (GET …/blocked-subjects lists them)"
     )
+    signatures: list[str] = Field(
+        description="the schemes every delivery is signed with: rfc9421, standard-webhooks,"
+        " standard-webhooks-v1a"
+    )
 
 
 class BlockedSubjectOut(_Out):

@@ -17,7 +17,7 @@ import pytest
 from standardwebhooks import Webhook, WebhookVerificationError
 
 from tests.dispatcher.admin.live import Live, event_id_in, wait_until
-from tests.dispatcher.conftest import ADMIN
+from tests.dispatcher.conftest import ADMIN, ADMIN_TOKEN
 from tests.nodejs import node_test
 from tests.workers.endpoints import Answer, Seen
 from usp_receiver import Verifier, standard_webhooks
@@ -51,6 +51,14 @@ def test_standard_webhooks_deliveries_verify_in_three_libraries_through_a_rotati
     shown = httpx.get(f"{live.base}{PATH}/{created['id']}", headers=ADMIN).json()
     assert "webhook_secret" not in shown, "the secret is shown once"
     assert old not in json.dumps(shown)
+
+    health = httpx.get(f"{live.base}/admin/subscriptions/{created['id']}", headers=ADMIN).json()
+    assert health["signatures"] == created["signatures"]
+    with httpx.Client(base_url=live.base) as browser:  # the console's page says so too
+        browser.get("/console/login")
+        assert browser.post("/console/login", data={"token": ADMIN_TOKEN}).status_code in (200, 303)
+        page = browser.get(f"/console/subscriptions/{created['id']}").text
+        assert "rfc9421, standard-webhooks, standard-webhooks-v1a" in page
 
     first_event = event_id_in(live.ok("trigger", "booking.confirmed"))
     (first,) = delivered(live, path, 1)

@@ -196,6 +196,7 @@ def _health(
                 blocked_subjects=blocked.get(s.id, 0),
                 ordering=Ordering(s.ordering).value,
                 on_dead=OnDead(s.on_dead).value,
+                signatures=tuple(json.loads(s.signatures)),
             )
         )
     return items

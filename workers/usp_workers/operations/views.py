@@ -148,6 +148,8 @@ class SubscriptionHealth:
     blocked_subjects: int
     ordering: str
     on_dead: str
+    #: the schemes every delivery is signed with (``rfc9421``, ``standard-webhooks``, ...)
+    signatures: tuple[str, ...] = ("rfc9421",)
 
 
 @dataclass(frozen=True, slots=True)
