@@ -43,6 +43,7 @@ def perform(
     idempotency_key: str | None,
     principal: str,
     created_status: int = 200,
+    kept: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
 ) -> Answer:
     """Run ``run`` (one service function call on ``session``) and commit, or replay.
 
@@ -51,6 +52,7 @@ def perform(
 
     ``operation`` and ``arguments`` (JSON-able: the call's inputs, ids included) identify the
     request for the conflict check. ``created_status`` is the status of a successful answer.
+    ``kept`` is what the record keeps of the body for a replay (a secret shown once is not kept).
     Raises :class:`InvalidRequest` for a malformed key (and whatever ``run`` raises).
     """
     if idempotency_key is None:
@@ -70,7 +72,9 @@ def perform(
             key=idempotency_key,
             request_hash=digest,
             status_code=answer.status_code,
-            response=json.dumps(answer.body, separators=(",", ":")),
+            response=json.dumps(
+                answer.body if kept is None else kept(dict(answer.body)), separators=(",", ":")
+            ),
         )
     )
     try:

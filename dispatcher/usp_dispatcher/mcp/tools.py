@@ -206,6 +206,13 @@ class SubscriptionArguments(_Strict):
         description="under subject ordering, a dead delivery blocks its subject's later events until"
         " redriven, or is skipped",
     )
+    signatures: list[str] = Field(
+        default_factory=lambda: ["rfc9421"],
+        min_length=1,
+        max_length=3,
+        description="rfc9421 (always), and standard-webhooks (its whsec_ secret is in this answer, once)"
+        " and/or standard-webhooks-v1a (its whpk_ public key is in this answer)",
+    )
 
 
 class SubscriptionPage(_Strict):
@@ -377,7 +384,13 @@ async def feed_subscriptions_create(call: ToolCall, args: SubscriptionArguments)
     different request with a refused URL is ``invalid_params`` rather than a conflict."""
     _require_authenticated(call.caller)
     spec = feed.SubscriptionSpec(
-        args.url, args.transport, args.event_types, call.caller.profile, args.ordering, args.on_dead
+        args.url,
+        args.transport,
+        args.event_types,
+        call.caller.profile,
+        args.ordering,
+        args.on_dead,
+        signatures=tuple(args.signatures),
     )
     try:
         checked = await feed.check_subscription(spec, call.settings, resolver=call.resolver)
@@ -390,6 +403,7 @@ async def feed_subscriptions_create(call: ToolCall, args: SubscriptionArguments)
             lambda: _new_subscription(session, call.caller, checked),
             operation="feed.subscriptions.create",
             arguments=args.model_dump(mode="json"),
+            kept=_without_secret,
         )
     )
 
@@ -452,6 +466,7 @@ def _change(
     *,
     operation: str,
     arguments: Mapping[str, Any],
+    kept: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """Run a state change through ``perform`` (``_meta.usp.idempotency_key`` is the REST
     ``Idempotency-Key``; the operation names are the REST routes', so the stored request hashes
@@ -468,6 +483,7 @@ def _change(
             arguments=arguments,
             idempotency_key=call.meta.idempotency_key,
             principal=call.principal,
+            kept=kept,
         )
     )
     call.replayed.append(answer.replayed)
@@ -545,7 +561,22 @@ def _new_subscription(session: Session, caller: Caller, checked: feed.CheckedSub
             "the most it may hold: delete one first.",
             severity="recoverable",
         )
-    return _subscription_body(feed.add_subscription(session, checked))
+    body = _subscription_body(feed.add_subscription(session, checked))
+    if checked.secrets is not None:
+        body["subscription"] |= {
+            "webhook_secret": checked.secrets.secret,
+            "webhook_public_key": checked.secrets.public_key,
+        }
+    return body
+
+
+def _without_secret(body: dict[str, Any]) -> dict[str, Any]:
+    """What an idempotent replay of a creation answers: the secret was shown once, and is not
+    stored in the clear to be shown again (rotate it to get a new one)."""
+    subscription = body.get("subscription")
+    if isinstance(subscription, dict) and subscription.get("webhook_secret"):
+        return body | {"subscription": subscription | {"webhook_secret": None}}
+    return body
 
 
 def _subscription_body(subscription: Subscription) -> dict[str, Any]:

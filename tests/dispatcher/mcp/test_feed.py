@@ -9,6 +9,7 @@ import time
 
 import pytest
 import sqlalchemy as sa
+from pydantic import SecretStr
 from sqlalchemy.engine import Engine
 from sqlmodel import select
 
@@ -17,6 +18,7 @@ from tests.dispatcher.mcp.conftest import connect
 from tests.dispatcher.mcp.support import OTHER_PROFILE, PROFILE, ok, outcome, refused, usp
 from usp_dispatcher.domain.tables import IdempotencyRecord
 from usp_dispatcher.webhooks import feed
+from usp_workers.engine.webhook_secrets import unseal
 from usp_workers.settings import Settings
 from usp_workers.storage import db
 from usp_workers.storage.models import Subscription, Transport
@@ -215,3 +217,35 @@ async def test_a_platform_keeps_a_bounded_number_of_active_subscriptions(
         await ok(client, "usp_feed_subscriptions_delete", {"subscription_id": first, **usp(key=acme_key)})
         await ok(client, "usp_feed_subscriptions_create", {"url": HOOK, **usp(key=acme_key)})
     assert len(_subscriptions(mcp_engine)) == cap + 2
+
+
+async def test_a_platform_asks_for_standard_webhooks_and_sees_the_secret_once(
+    mcp_engine: Engine, make_settings: MakeSettings, acme_key: str
+) -> None:
+    """The tool takes ``signatures`` as REST does; the secret is in the first answer only: an
+    idempotent replay answers ``webhook_secret: null`` (the record never held it), and the sealed
+    secret opens to the one shown."""
+    sealed_settings = make_settings(secrets_key=SecretStr("mcp-secrets-key"))
+    meta = usp(key=acme_key, idempotency_key="sub-standard")
+    arguments = {"url": HOOK, "signatures": ["rfc9421", "standard-webhooks"], **meta}
+    async with connect(mcp_engine, sealed_settings) as client:
+        first = await ok(client, "usp_feed_subscriptions_create", arguments)
+        again = await ok(client, "usp_feed_subscriptions_create", arguments)
+        await refused(
+            client,
+            "usp_feed_subscriptions_create",
+            {"url": HOOK, "signatures": ["standard-webhooks"], **usp(key=acme_key)},
+            -32602,
+        )
+    created = first["subscription"]
+    assert created["signatures"] == ["rfc9421", "standard-webhooks"]
+    assert created["webhook_secret"].startswith("whsec_")
+    assert again["subscription"]["webhook_secret"] is None
+    with db.session(mcp_engine) as session:
+        ((record),) = session.exec(select(IdempotencyRecord)).all()
+        ((stored),) = session.exec(select(Subscription)).all()
+    assert created["webhook_secret"] not in record.response
+    assert stored.webhook_secrets is not None
+    assert created["webhook_secret"] not in stored.webhook_secrets, "sealed, not in the clear"
+    opened = unseal(stored.webhook_secrets, sealed_settings.secrets_key, stored.id)
+    assert opened.secret == created["webhook_secret"]
