@@ -641,6 +641,7 @@ async def run_probe(
     current key: does it accept what it should and refuse, with a 4xx, what it should? Nothing is
     recorded as a delivery; the run is, and ``GET /admin/probes`` lists it."""
     url, transport = body.url, body.format or Transport.REST
+    subscription = None
     if (url is None) == (body.subscription_id is None):
         raise HTTPProblem(422, "invalid_probe", "Invalid request", "give either url or subscription_id")
     if body.subscription_id is not None:
@@ -652,7 +653,9 @@ async def run_probe(
         url, transport = subscription.url, body.format or Transport(subscription.transport)
     assert url is not None
     who = f"admin token, from {request.client.host if request.client else 'an unknown address'}"
-    run = await probes.run(session, settings, url, transport, actor=who, resolver=resolver)
+    run = await probes.run(
+        session, settings, url, transport, actor=who, resolver=resolver, subscription=subscription
+    )
     return _probe_out(run)
 
 

@@ -205,7 +205,9 @@ async def probe_subscription(
         return _missing(request, portal)
     who = f"platform {portal.subject} (portal)"
     try:
-        run = await probes.run(db, settings, row.url, Transport(row.transport), actor=who, resolver=resolver)
+        run = await probes.run(
+            db, settings, row.url, Transport(row.transport), actor=who, resolver=resolver, subscription=row
+        )
     except DispatcherError as exc:
         status = status_of(exc)
         return await _subscription_page(

@@ -16,9 +16,10 @@ from usp_dispatcher.webhooks.feed import check_url
 from usp_workers.engine.keycache import current_signing_keys
 from usp_workers.engine.ssrf import Resolver
 from usp_workers.engine.transport import make_client
+from usp_workers.engine.webhook_secrets import unseal
 from usp_workers.operations import probe
 from usp_workers.settings import ApiSettings
-from usp_workers.storage.models import ProbeRun, Transport
+from usp_workers.storage.models import ProbeRun, Subscription, Transport, utcnow
 
 __all__ = ["INTERVAL_SECONDS", "cases_of", "run"]
 
@@ -35,8 +36,10 @@ async def run(
     *,
     actor: str,
     resolver: Resolver | None = None,
+    subscription: Subscription | None = None,
 ) -> ProbeRun:
-    """Probe ``url`` and record the run; refusals (target refused, too soon) are problems."""
+    """Probe ``url`` and record the run; refusals (target refused, too soon) are problems. For a
+    ``subscription`` with Standard Webhooks signatures, the cases carry those too."""
     target = await check_url(url, settings, resolver=resolver, what="probe target")
     moment = time.monotonic()
     last = _last.get(url)
@@ -48,8 +51,12 @@ async def run(
         )
     _last[url] = moment
     keys = await run_in_threadpool(current_signing_keys, session.get_bind().engine, settings)
+    standard = None
+    if subscription is not None and subscription.webhook_secrets is not None:
+        sealed = unseal(subscription.webhook_secrets, settings.secrets_key, subscription.id)
+        standard = sealed.signing(utcnow())
     async with make_client(settings) as client:
-        results = await probe.probe_endpoint(client, target, keys, transport=transport)
+        results = await probe.probe_endpoint(client, target, keys, transport=transport, standard=standard)
     recorded = ProbeRun(
         actor=actor,
         target=url,

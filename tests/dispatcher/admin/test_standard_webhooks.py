@@ -14,13 +14,17 @@ from typing import Any
 
 import httpx
 import pytest
+from fastapi import FastAPI
 from standardwebhooks import Webhook, WebhookVerificationError
 
 from tests.dispatcher.admin.live import Live, event_id_in, wait_until
 from tests.dispatcher.conftest import ADMIN, ADMIN_TOKEN
 from tests.nodejs import node_test
 from tests.workers.endpoints import Answer, Seen
-from usp_receiver import Verifier, standard_webhooks
+from usp_receiver import Verifier, WebhookReceiver, standard_webhooks
+from usp_receiver.fastapi import webhook_router
+from usp_receiver.standard_webhooks import StandardWebhooksVerifier
+from usp_schemas import PROBE_HEADER
 from usp_workers.operations import short_id
 
 PATH = "/services/feed/subscriptions"
@@ -135,3 +139,21 @@ def test_rfc9421_is_never_dropped_and_the_secret_needs_a_sealing_key(live: Live)
     refused = live.run("subscriptions", "rotate-secret", plain["id"])
     assert refused.exit_code == 1
     assert "409 no_webhook_secret" in refused.output
+
+
+def test_the_probe_judges_a_receiver_that_verifies_standard_webhooks_alone(live: Live) -> None:
+    """``usp-webhooks probe`` on a Standard Webhooks subscription: each case carries those
+    headers too, wrong where the case is wrong (tampered, stale, wrong secret), so a receiver
+    that verifies only Standard Webhooks gets the verdict a correct RFC 9421 receiver gets."""
+    url, path = live.endpoint("standard-only", Answer(503))
+    created = subscribe(live, url, ["rfc9421", "standard-webhooks"])
+    verifier = StandardWebhooksVerifier(secrets=[created["webhook_secret"]])
+    app = FastAPI()
+    app.include_router(webhook_router(WebhookReceiver(verifier, lambda hook: None), path=path))
+    live.hub.routes[path] = app
+
+    output = live.ok("probe", "--subscription", created["id"])
+    assert "endpoint verifies signatures correctly" in output, output
+    answers = {seen.headers[PROBE_HEADER.lower()]: seen for seen in live.hub.seen(path)}
+    assert "webhook-signature" in answers["valid"].headers
+    assert "webhook-signature" not in answers["other_path"].headers, "an RFC 9421-only case"

@@ -16,7 +16,14 @@ from typing import Final, Literal
 
 import httpx
 
-from usp_receiver import PROFILE_COMPONENTS, USP_TAG, SigningKey, content_digest, sign_message
+from usp_receiver import (
+    PROFILE_COMPONENTS,
+    USP_TAG,
+    SigningKey,
+    content_digest,
+    sign_message,
+    standard_webhooks,
+)
 from usp_schemas import PROBE_EVENT, PROBE_HEADER, WEBHOOK_METHOD, new_event_id
 from usp_workers.engine.ssrf import ResolvedTarget, send_pinned
 from usp_workers.storage.models import Transport
@@ -70,17 +77,24 @@ async def probe_endpoint(
     transport: Transport = Transport.REST,
     timeout: float = 10.0,  # noqa: ASYNC109 - per case, as send_pinned takes it
     clock: Callable[[], float] = time.time,
+    standard: tuple[Sequence[str], Sequence[str]] | None = None,
 ) -> list[CaseResult]:
     """Send every case of :data:`CASES` to ``target`` (checked already), one after another, and
     judge each answer: 2xx where a verifying receiver accepts, 4xx where it refuses (a 5xx is a
-    refusal for the wrong reason: a sender would retry it)."""
+    refusal for the wrong reason: a sender would retry it).
+
+    With ``standard`` (the subscription's ``whsec_`` secrets and ``whsk_`` keys), each case also
+    carries Standard Webhooks headers that hold exactly where the case should be accepted: over
+    the body before it changed (tampered), at the old or early time (stale), under another secret
+    (wrong secret), and none where the case is about RFC 9421 alone; so a receiver that verifies
+    either scheme is judged by the same verdicts."""
     if not keys:
         raise ValueError("probing needs the business's current signing key")
     valid_id = new_event_id()
     results = []
     for case in CASES:
         event_id = valid_id if case.name in ("valid", "duplicate") else new_event_id()
-        body, headers = _request(case, target.url, keys, event_id, int(clock()), transport)
+        body, headers = _request(case, target.url, keys, event_id, int(clock()), transport, standard)
         try:
             response = await send_pinned(
                 client,
@@ -147,9 +161,48 @@ def as_json(results: Sequence[CaseResult]) -> list[dict[str, object]]:
 
 
 def _request(
-    case: Case, url: str, keys: Sequence[SigningKey], event_id: str, now: int, transport: Transport
+    case: Case,
+    url: str,
+    keys: Sequence[SigningKey],
+    event_id: str,
+    now: int,
+    transport: Transport,
+    standard: tuple[Sequence[str], Sequence[str]] | None = None,
 ) -> tuple[bytes, dict[str, str]]:
     """The body and headers of ``case``: signed as deliveries are, except what the case is about."""
+    body, headers = _rfc9421_request(case, url, keys, event_id, now, transport)
+    if standard is not None:
+        headers |= _standard_headers(
+            case, event_id, now, _body(event_id, case.name, now, transport), standard
+        )
+    return body, headers
+
+
+def _standard_headers(
+    case: Case, event_id: str, now: int, signed_body: bytes, standard: tuple[Sequence[str], Sequence[str]]
+) -> dict[str, str]:
+    """``case``'s Standard Webhooks headers: valid where it is to be accepted, wrong the same way
+    where the case is one Standard Webhooks can be wrong in, absent where it is not."""
+    secrets, keys = standard
+    moment = now
+    match case.name:
+        case "valid" | "duplicate" | "rotation_sig2" | "body_changed":  # body_changed: the old body's
+            pass
+        case "created_old":
+            moment = now - _SKEW
+        case "created_ahead":
+            moment = now + _SKEW
+        case "unknown_key" | "wrong_key":
+            secrets = [standard_webhooks.new_secret()] if secrets else []
+            keys = [standard_webhooks.new_signing_key()] if keys else []
+        case _:
+            return {}
+    return standard_webhooks.sign(event_id, moment, signed_body, secrets=secrets, signing_keys=keys)
+
+
+def _rfc9421_request(
+    case: Case, url: str, keys: Sequence[SigningKey], event_id: str, now: int, transport: Transport
+) -> tuple[bytes, dict[str, str]]:
     body = _body(event_id, case.name, now, transport)
     headers = {"Content-Type": _CONTENT_TYPE, PROBE_HEADER: case.name}
     if case.name == "unsigned":
