@@ -72,11 +72,12 @@ class RotateIn(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    overlap_seconds: int = Field(
-        default=86_400,
+    overlap_seconds: int | None = Field(
+        default=None,
         ge=0,
         le=7 * 86_400,
-        description="how long the old secret (and key) keep signing beside the new one",
+        description="how long the old secret (and key) keep signing beside the new one; by default"
+        " USP_KEY_OVERLAP_SECONDS, as for the signing keys",
     )
 
 
@@ -159,8 +160,10 @@ async def rotate_secrets(
     subscription_id: str, session: SessionDep, settings: SettingsDep, body: RotateIn | None = None
 ) -> dict[str, Any]:
     """A new Standard Webhooks secret (and key), shown in this answer once; the old ones keep
-    signing for ``overlap_seconds`` (a day by default), so receivers can switch without a gap."""
-    overlap = timedelta(seconds=(body or RotateIn()).overlap_seconds)
+    signing for ``overlap_seconds`` (by default the signing keys' overlap, a day), so receivers can
+    switch without a gap."""
+    asked = (body or RotateIn()).overlap_seconds
+    overlap = timedelta(seconds=settings.key_overlap_seconds if asked is None else asked)
     rotated = await run_in_threadpool(
         feed.rotate_secrets, session, subscription_id, settings, overlap=overlap
     )

@@ -513,29 +513,33 @@ def subscriptions_enable(subscription_id: str, url: Url = DEFAULT_URL, token: To
 def subscriptions_rotate_secret(
     subscription_id: str,
     overlap: Annotated[
-        str, typer.Option(help="How long the old secret keeps signing beside the new one (90m, 24h, 7d).")
-    ] = "24h",
+        str | None,
+        typer.Option(
+            help="How long the old secret keeps signing beside the new one (90m, 24h, 7d; default: the"
+            " signing keys' overlap, USP_KEY_OVERLAP_SECONDS)."
+        ),
+    ] = None,
     url: Url = DEFAULT_URL,
     token: Token = None,
 ) -> None:
     """A new Standard Webhooks secret for a subscription, printed once: give it to the receiver
     before the overlap ends (both secrets sign until then)."""
-    age = _AGE.match(overlap.strip())
-    if age is None:
-        fail(f"{overlap!r} is not a duration such as 90m, 24h or 7d", code=2)
-    seconds = int(timedelta(**{_UNITS[age.group(2)]: int(age.group(1))}).total_seconds())
+    asked: dict[str, int] = {}
+    if overlap is not None:
+        age = _AGE.match(overlap.strip())
+        if age is None:
+            fail(f"{overlap!r} is not a duration such as 90m, 24h or 7d", code=2)
+        asked["overlap_seconds"] = int(timedelta(**{_UNITS[age.group(2)]: int(age.group(1))}).total_seconds())
     with AdminClient(url, token) as api:
         rotated = api.call(
-            "POST",
-            f"/services/feed/subscriptions/{subscription_id}/secrets/rotate",
-            json={"overlap_seconds": seconds},
+            "POST", f"/services/feed/subscriptions/{subscription_id}/secrets/rotate", json=asked
         )
     console.print(f"{rotated['id']}: new secret (shown once, store it now):", markup=False)
     if rotated["webhook_secret"]:
         console.print(rotated["webhook_secret"], markup=False, soft_wrap=True)
     if rotated["webhook_public_key"]:
         console.print(f"v1a public key: {rotated['webhook_public_key']}", markup=False, soft_wrap=True)
-    console.print(f"the old one signs beside it for {overlap}", markup=False)
+    console.print(f"the old one signs beside it for {overlap or 'the signing keys overlap'}", markup=False)
 
 
 @subscriptions_app.command("rate-limit")

@@ -9,15 +9,18 @@ from __future__ import annotations
 import json
 import re
 import time
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 from fastapi import FastAPI
+from pydantic import SecretStr
+from sqlmodel import Session
 from standardwebhooks import Webhook, WebhookVerificationError
 
-from tests.dispatcher.admin.live import Live, event_id_in, wait_until
+from tests.dispatcher.admin.live import SECRETS_KEY, Live, event_id_in, wait_until
 from tests.dispatcher.conftest import ADMIN, ADMIN_TOKEN
 from tests.nodejs import node_test
 from tests.workers.endpoints import Answer, Seen
@@ -25,7 +28,10 @@ from usp_receiver import Verifier, WebhookReceiver, standard_webhooks
 from usp_receiver.fastapi import webhook_router
 from usp_receiver.standard_webhooks import StandardWebhooksVerifier
 from usp_schemas import PROBE_HEADER
+from usp_workers.engine.webhook_secrets import unseal
 from usp_workers.operations import short_id
+from usp_workers.settings import Settings
+from usp_workers.storage.models import Subscription
 
 PATH = "/services/feed/subscriptions"
 
@@ -157,3 +163,34 @@ def test_the_probe_judges_a_receiver_that_verifies_standard_webhooks_alone(live:
     answers = {seen.headers[PROBE_HEADER.lower()]: seen for seen in live.hub.seen(path)}
     assert "webhook-signature" in answers["valid"].headers
     assert "webhook-signature" not in answers["other_path"].headers, "an RFC 9421-only case"
+
+
+def test_a_rotation_overlaps_as_the_signing_keys_do_unless_told(live: Live) -> None:
+    url, _ = live.endpoint("overlap", Answer(200))
+    created = subscribe(live, url, ["rfc9421", "standard-webhooks"])
+    rotate = f"{live.base}{PATH}/{created['id']}/secrets/rotate"
+    assert httpx.post(rotate, headers=ADMIN).status_code == 200
+    with Session(live.engine) as session:
+        stored = session.get(Subscription, created["id"])
+        assert stored is not None
+        assert stored.webhook_secrets is not None
+        secrets = unseal(stored.webhook_secrets, SecretStr(SECRETS_KEY), stored.id)
+    new, old = secrets.hmac
+    assert new.until is None
+    assert old.value == created["webhook_secret"]
+    assert old.until is not None
+    left = (old.until - datetime.now(UTC)).total_seconds()
+    assert (
+        Settings(_env_file=None).key_overlap_seconds - 60
+        < left
+        <= Settings(_env_file=None).key_overlap_seconds
+    )
+    short = httpx.post(rotate, json={"overlap_seconds": 0}, headers=ADMIN).json()["webhook_secret"]
+    with Session(live.engine) as session:
+        stored = session.get(Subscription, created["id"])
+        assert stored is not None
+        assert stored.webhook_secrets is not None
+        now_signing = unseal(stored.webhook_secrets, SecretStr(SECRETS_KEY), stored.id).signing(
+            datetime.now(UTC)
+        )
+    assert now_signing == ([short], []), "overlap 0: the old secrets stop at once"
