@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hmac
 import json
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Annotated, Any, Final
 
 from fastapi import APIRouter, Depends, Form, Query, Request
@@ -27,10 +27,13 @@ from usp_dispatcher.console.web import (
     session_dependencies,
     utc,
 )
+from usp_dispatcher.errors import Conflict, NotFound
 from usp_dispatcher.web.deps import SessionDep, SettingsDep, get_engine
 from usp_dispatcher.web.problems import HTTPProblem
+from usp_dispatcher.webhooks import feed
 from usp_workers import operations
 from usp_workers.engine import keys
+from usp_workers.engine.webhook_secrets import WebhookSecrets
 from usp_workers.operations import DeadLetterFilter, EventFilter, activity
 from usp_workers.runtime import metrics, tasks
 from usp_workers.settings import ApiSettings
@@ -346,6 +349,7 @@ async def _subscription_page(
     *,
     problem: str | None = None,
     status_code: int = 200,
+    rotated: WebhookSecrets | None = None,
 ) -> Response:
     try:
         found = await call(operations.subscription_health, db, subscription_id)
@@ -364,6 +368,7 @@ async def _subscription_page(
         "chart": chart,
         "deliveries": latest,
         "problem": problem,
+        "rotated": rotated,
     }
     return render(request, "subscription.html", context, status_code=status_code)
 
@@ -439,6 +444,22 @@ async def set_rate_limit(
             request, db, console, subscription_id, problem=exc.detail, status_code=422
         )
     return redirect(f"/console/subscriptions/{subscription_id}")
+
+
+@router.post("/subscriptions/{subscription_id}/secrets/rotate")
+async def rotate_secret(
+    request: Request, subscription_id: str, db: SessionDep, console: ActionDep, settings: SettingsDep
+) -> Response:
+    """A new Standard Webhooks secret, shown on the page this once; the old one signs beside it
+    for the signing keys' overlap."""
+    overlap = timedelta(seconds=settings.key_overlap_seconds)
+    try:
+        rotated = await call(feed.rotate_secrets, db, subscription_id, settings, overlap=overlap)
+    except (NotFound, Conflict) as exc:
+        return await _subscription_page(
+            request, db, console, subscription_id, problem=exc.detail, status_code=409
+        )
+    return await _subscription_page(request, db, console, subscription_id, rotated=rotated)
 
 
 # ------------------------------------------------------------------------------- keys

@@ -384,3 +384,27 @@ def assert_in_view(page: Page, cells: str, width: int) -> None:
     assert boxes, cells
     outside = [box for box in boxes if box[0] < -0.5 or box[1] > width + 0.5]
     assert not outside, f"{cells}: {len(outside)} of {len(boxes)} cells reach past {width} px: {outside}"
+
+
+def test_a_standard_webhooks_secret_is_rotated_from_the_console_and_shown_once(
+    live: Live, page: Page
+) -> None:
+    created = httpx.post(
+        live.base + "/services/feed/subscriptions",
+        json={
+            "url": live.endpoint("rotating", Answer(200))[0],
+            "signatures": ["rfc9421", "standard-webhooks"],
+        },
+        headers=ADMIN,
+    ).json()
+    log_in(page)
+    page.goto(f"/console/subscriptions/{created['id']}")
+    expect(page.locator("dd.signatures")).to_have_text("rfc9421, standard-webhooks")
+    page.once("dialog", lambda dialog: dialog.accept())
+    page.click("button:has-text('Rotate secret')")
+    secret = page.locator(".new-secret code.secret")
+    expect(secret).to_have_text(re.compile(r"^whsec_\S+$"))
+    assert secret.inner_text() != created["webhook_secret"]
+    page.goto(f"/console/subscriptions/{created['id']}")
+    expect(page.locator(".new-secret")).to_have_count(0)  # once
+    assert "whsec_" not in page.content()
