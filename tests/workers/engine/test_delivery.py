@@ -14,6 +14,7 @@ from datetime import timedelta
 import anyio
 import httpx
 import pytest
+from pydantic import SecretStr
 from sqlalchemy.engine import Engine
 
 from tests.workers.conftest import MakeSettings
@@ -45,12 +46,14 @@ from usp_workers.engine.delivery import RECORD_MARGIN, BatchReport, deliver_batc
 from usp_workers.engine.keycache import NoSigningKey
 from usp_workers.engine.keys import published_jwks, rotate
 from usp_workers.engine.ssrf import Resolver
+from usp_workers.engine.webhook_secrets import STANDARD, WebhookSecrets, seal
 from usp_workers.settings import Settings
 from usp_workers.storage.db import session
 from usp_workers.storage.models import (
     AttemptOutcome,
     DeliveryStatus,
     EventRecord,
+    Subscription,
     SubscriptionState,
     Transport,
 )
@@ -776,3 +779,41 @@ async def test_no_live_signing_key_fails_before_claiming(
         await deliver(database, settings, ids, client, clock)
 
     assert delivery(database, ids[0]).status == DeliveryStatus.PENDING
+
+
+async def test_a_worker_that_cannot_open_a_standard_webhooks_secret_says_so_and_sends_nothing(
+    database: Engine,
+    jwks: JWKS,
+    make_settings: MakeSettings,
+    endpoints: Endpoints,
+    client: httpx.AsyncClient,
+    clock: Clock,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Its USP_SECRETS_KEY unset (or not the API's): the try is not sent (a delivery without the
+    headers the platform verifies would be refused), the attempt says why, the log has one
+    warning and no traceback; with the key, the same delivery goes out signed both ways."""
+    url = endpoints.add("sealed", Answer(200))
+    row = add_subscription(database, url)
+    key = SecretStr("worker-secrets-key")
+    with session(database) as s:
+        stored = s.get(Subscription, row.id)
+        assert stored is not None
+        stored.webhook_secrets = seal(WebhookSecrets.new((STANDARD,)), key, stored.id)
+        s.add(stored)
+        s.commit()
+    _, ids = emit_event(database)
+
+    await deliver(database, make_settings(), ids, client, clock)
+    [attempt] = attempts(database, ids[0])
+    assert (attempt.error_class, attempt.key_ids) == ("secrets_unavailable", None)
+    assert endpoints.hub.seen(endpoints.path("sealed")) == []
+    assert "USP_SECRETS_KEY" in caplog.text
+    assert not [r for r in caplog.records if r.exc_info]
+
+    clock.advance(3600)
+    await deliver(database, make_settings(secrets_key=key), ids, client, clock)
+    (sent,) = endpoints.hub.seen(endpoints.path("sealed"))
+    assert sent.headers["webhook-signature"].startswith("v1,")
+    moment = clock().timestamp()
+    assert Verifier(jwks).verify("POST", url, sent.headers, sent.body, now=moment), "RFC 9421 as always"

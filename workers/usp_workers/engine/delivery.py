@@ -45,7 +45,7 @@ from usp_workers.engine.store import (
 )
 from usp_workers.engine.transport import TryResult, endpoint_slot, refused_result, send_once
 from usp_workers.engine.verdict import Verdict, judge
-from usp_workers.engine.webhook_secrets import unseal
+from usp_workers.engine.webhook_secrets import SecretsUnavailable, unseal
 from usp_workers.settings import WorkerSettings
 from usp_workers.storage.models import (
     AttemptOutcome,
@@ -631,7 +631,11 @@ class _Batch:
         try:
             standard = None
             if subscription.webhook_secrets is not None:
-                sealed = unseal(subscription.webhook_secrets, self.settings.secrets_key, subscription.id)
+                try:
+                    sealed = unseal(subscription.webhook_secrets, self.settings.secrets_key, subscription.id)
+                except SecretsUnavailable as exc:  # the worker's configuration, not a bug: no traceback
+                    logger.warning("delivery %s not sent: %s", delivery.id, exc)
+                    return TryResult(self.now(), 0.0, error_class="secrets_unavailable", error=str(exc))
                 standard = sealed.signing(self.now())
             body, headers = build_delivery_request(
                 event,
@@ -864,7 +868,7 @@ def _applied(result: DeliveryResult, applied: bool) -> DeliveryResult:
 
 
 #: Tries that never reached the wire: their attempts name no signing key.
-_NOT_SENT: Final = frozenset({"ssrf_refused", "dns_error", "internal_error"})
+_NOT_SENT: Final = frozenset({"ssrf_refused", "dns_error", "internal_error", "secrets_unavailable"})
 
 
 def _trace_claim(

@@ -178,6 +178,7 @@ FAILURES: dict[str, str] = {
     "connect_error": "could not connect",
     "transport_error": "the connection broke",
     "internal_error": "an internal error (see the worker's log)",
+    "secrets_unavailable": "not sent: the worker cannot open its Standard Webhooks secret (USP_SECRETS_KEY)",
 }
 
 
