@@ -22,6 +22,7 @@ from usp_dispatcher.cli.admin import DEFAULT_URL, AdminClient, Token, Url, conso
 from usp_receiver import ReceivedWebhook, RemoteJWKS, Verifier, WebhookReceiver
 from usp_receiver.asgi import WebhookApp
 from usp_receiver.dedupe import MemoryDedupe
+from usp_receiver.standard_webhooks import StandardWebhooksVerifier
 
 __all__ = ["LEASE_SECONDS", "RENEW_EVERY", "listen"]
 
@@ -55,11 +56,19 @@ def listen(
         typer.Option(min=0, max=65535, help="Its port (0: any free one; fix it for --forward-to)."),
     ] = 0,
     max_events: Annotated[int | None, typer.Option(min=1, help="Stop after this many events.")] = None,
+    signatures: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--signatures",
+            help="Also ask for standard-webhooks and/or standard-webhooks-v1a (rfc9421 always); listen"
+            " then verifies those, falling back to RFC 9421.",
+        ),
+    ] = None,
     url: Url = DEFAULT_URL,
     token: Token = None,
 ) -> None:
     """Subscribe a receiver on this machine while this runs and print each event, verified against
-    the service's JWKS.
+    the service's JWKS (or, with --signatures, its Standard Webhooks secret).
 
     The subscription is removed when listen stops (Ctrl-C, SIGTERM, a closed terminal) and is
     leased for 60 s, renewed every 20 s, so the scheduler removes it within about a minute if
@@ -89,8 +98,9 @@ def listen(
 
     jwks_url = url.rstrip("/") + "/.well-known/usp/jwks.json"
     keys = RemoteJWKS(jwks_url, allow_insecure_http=_is_loopback(jwks_url))
-    receiver = _KeepingHeaders(WebhookApp(WebhookReceiver(Verifier(keys), on_event, dedupe=MemoryDedupe())))
-    app = _ClosingOnShutdown(receiver, keys.aclose)
+    verifying = WebhookReceiver(Verifier(keys), on_event, dedupe=MemoryDedupe())
+    app = _ClosingOnShutdown(_KeepingHeaders(WebhookApp(verifying)), keys.aclose)
+    schemes = ["rfc9421", *(s for s in signatures or () if s != "rfc9421")]
     with (
         AdminClient(url, token) as api,
         _serve(app, host, port) as local,
@@ -100,9 +110,21 @@ def listen(
         subscription = api.call(
             "POST",
             "/services/feed/subscriptions",
-            json={"url": local, "event_types": events or ["*"], "lease_seconds": LEASE_SECONDS},
+            json={
+                "url": local,
+                "event_types": events or ["*"],
+                "lease_seconds": LEASE_SECONDS,
+                "signatures": schemes,
+            },
         )
         sub_id = subscription["id"]
+        secret, public = subscription.get("webhook_secret"), subscription.get("webhook_public_key")
+        if secret or public:  # verify what was asked for, RFC 9421 still behind it
+            verifying.verifier = StandardWebhooksVerifier(
+                secrets=[secret] if secret else [],
+                public_keys=[public] if public else [],
+                rfc9421=Verifier(keys),
+            )
         console.print(
             f"listening on {local} as subscription {sub_id}"
             + (f", forwarding to {forward_to}" if forward_to else "")

@@ -40,7 +40,7 @@ from usp_workers.storage.models import Notice, Subscription
 
 def test_listen_prints_verified_events_forwards_them_and_unsubscribes(live: Live) -> None:
     forward_url, forward_path = live.endpoint("forward", Answer(200))
-    body, result = listen_for_one_event(live, forward_url)
+    body, result = listen_for_one_event(live, "--forward-to", forward_url)
     event_id = parse_event(body).event_id
     assert re.search(rf"verified booking\.confirmed {event_id} \(key ", result.output), result.output
     assert f"-> {forward_url}: 200" in result.output
@@ -57,12 +57,22 @@ def test_a_receiver_that_refuses_the_forwarded_delivery_is_told_why_and_the_fix(
     delivery was sent to (listen's), so it answers 401; listen prints the reason and the fix."""
     handled: list[str] = []
     target, _ = live.endpoint("strict", readme_receiver(live, "/cli/strict", handled, public_url=None))
-    _, result = listen_for_one_event(live, target)
+    _, result = listen_for_one_event(live, "--forward-to", target)
     assert re.search(rf"-> {re.escape(target)}: 401 \w+", result.output), result.output
     (local,) = re.findall(r"listening on (\S+) as", result.output)
     assert f'public_url="{local}"' in result.output, result.output
     assert "--port" in result.output
     assert handled == []
+
+
+def test_listen_asks_for_standard_webhooks_and_verifies_them(live: Live) -> None:
+    """``--signatures standard-webhooks``: the temporary subscription is made with them, and
+    listen verifies the delivery with the secret it was given (RFC 9421 behind it)."""
+    body, result = listen_for_one_event(live, "--signatures", "standard-webhooks")
+    event_id = parse_event(body).event_id
+    assert f"verified booking.confirmed {event_id} (key standard-webhooks v1)" in result.output, result.output
+    (temporary,) = listening(live.engine)
+    assert temporary.signatures == '["rfc9421", "standard-webhooks"]'
 
 
 def test_listen_into_the_readmes_receiver_and_stopped_by_sigterm(live: Live, tmp_path: Path) -> None:
@@ -124,11 +134,11 @@ def test_a_listener_killed_outright_loses_its_subscription_when_the_lease_lapses
 # -- helpers ---------------------------------------------------------------------------------------
 
 
-def listen_for_one_event(live: Live, forward_to: str) -> tuple[str, Result]:
-    """``listen --forward-to … --max-events 1`` (in this process, on a thread) while one event is
-    posted; the event's body and listen's result, which succeeded."""
+def listen_for_one_event(live: Live, *options: str) -> tuple[str, Result]:
+    """``listen … --max-events 1`` (in this process, on a thread) while one event is posted; the
+    event's body and listen's result, which succeeded."""
     results: list[Result] = []
-    args = ("listen", "--forward-to", forward_to, "--max-events", "1")
+    args = ("listen", *options, "--max-events", "1")
     listener = threading.Thread(target=lambda: results.append(live.run(*args)), daemon=True)
     listener.start()
     wait_until(lambda: len(listening(live.engine)) == 1, "the temporary subscription", live)
