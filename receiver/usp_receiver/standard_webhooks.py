@@ -236,9 +236,8 @@ class StandardWebhooksVerifier:
     def verify(
         self, method: str, url: str, headers: HeadersInput, body: bytes, *, now: float | None = None
     ) -> StandardVerified | Verified:
-        fields = {name: ", ".join(lines) for name, lines in normalize_fields(headers).items()}
         try:
-            return self._standard(fields, body, now)
+            return self._standard(headers, body, now)
         except VerificationError:
             if self.rfc9421 is None:
                 raise
@@ -247,16 +246,16 @@ class StandardWebhooksVerifier:
     async def averify(
         self, method: str, url: str, headers: HeadersInput, body: bytes, *, now: float | None = None
     ) -> StandardVerified | Verified:
-        fields = {name: ", ".join(lines) for name, lines in normalize_fields(headers).items()}
         try:
-            return self._standard(fields, body, now)
+            return self._standard(headers, body, now)
         except VerificationError:
             if self.rfc9421 is None:
                 raise
         return await self.rfc9421.averify(method, url, headers, body, now=now)
 
-    def _standard(self, fields: Mapping[str, str], body: bytes, now: float | None) -> StandardVerified:
+    def _standard(self, headers: HeadersInput, body: bytes, now: float | None) -> StandardVerified:
         if not self.secrets and not self.public_keys:
             raise MissingSignature("no Standard Webhooks secret or key is configured")
+        fields = {name: ", ".join(lines) for name, lines in normalize_fields(headers).items()}
         webhook_id, scheme = _verified(fields, body, self.secrets, self.public_keys, self.tolerance, now)
         return StandardVerified(scheme, webhook_id)

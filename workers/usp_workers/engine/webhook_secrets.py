@@ -12,6 +12,7 @@ import base64
 import functools
 import json
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 
@@ -86,7 +87,7 @@ class WebhookSecrets:
         past their end are dropped."""
         until = now + overlap
 
-        def turn(signers: tuple[Signer, ...], make: str) -> tuple[Signer, ...]:
+        def turn(signers: tuple[Signer, ...], make: Callable[[], str]) -> tuple[Signer, ...]:
             if not signers:
                 return ()
             kept = tuple(
@@ -94,11 +95,11 @@ class WebhookSecrets:
                 for s in signers
                 if s.until is None or s.until > now
             )
-            return (Signer(make), *kept)
+            return (Signer(make()), *kept)
 
         return WebhookSecrets(
-            turn(self.hmac, standard_webhooks.new_secret() if self.hmac else ""),
-            turn(self.ed25519, standard_webhooks.new_signing_key() if self.ed25519 else ""),
+            turn(self.hmac, standard_webhooks.new_secret),
+            turn(self.ed25519, standard_webhooks.new_signing_key),
         )
 
     @property
@@ -108,7 +109,8 @@ class WebhookSecrets:
 
     @property
     def public_key(self) -> str | None:
-        """The newest key's ``whpk_`` public key (not secret: shown on every read)."""
+        """The newest key's ``whpk_`` public key (not secret, but like the secret only shown when
+        made: the row holds it sealed)."""
         return standard_webhooks.public_key_of(self.ed25519[0].value) if self.ed25519 else None
 
     def to_json(self) -> bytes:
