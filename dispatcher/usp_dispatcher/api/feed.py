@@ -19,7 +19,6 @@ from usp_dispatcher.web.auth import AdminDep
 from usp_dispatcher.web.deps import ResolverDep, SessionDep, SettingsDep
 from usp_dispatcher.webhooks import feed
 from usp_dispatcher.webhooks.profiles import register_profile
-from usp_workers.engine.webhook_secrets import WebhookSecrets
 from usp_workers.storage.models import OnDead, Ordering, Subscription, SubscriptionState, Transport
 
 __all__ = ["router"]
@@ -114,10 +113,7 @@ async def create_subscription(
     )
     checked = await feed.check_subscription(spec, settings, resolver=resolver)
     subscription = await run_in_threadpool(_add_and_commit, session, checked)
-    view = feed.subscription_view(subscription)
-    if checked.secrets is not None:
-        view |= _secrets_view(checked.secrets)
-    return JSONResponse(view, status_code=201)
+    return JSONResponse(feed.subscription_view(subscription, checked.secrets), status_code=201)
 
 
 @router.get("/subscriptions")
@@ -163,16 +159,12 @@ async def rotate_secrets(
     signing for ``overlap_seconds`` (by default the signing keys' overlap, a day), so receivers can
     switch without a gap."""
     asked = (body or RotateIn()).overlap_seconds
-    overlap = timedelta(seconds=settings.key_overlap_seconds if asked is None else asked)
+    overlap = None if asked is None else timedelta(seconds=asked)
     rotated = await run_in_threadpool(
         feed.rotate_secrets, session, subscription_id, settings, overlap=overlap
     )
     subscription = await run_in_threadpool(feed.get_subscription, session, subscription_id)
-    return feed.subscription_view(subscription) | _secrets_view(rotated)
-
-
-def _secrets_view(secrets: WebhookSecrets) -> dict[str, Any]:
-    return {"webhook_secret": secrets.secret, "webhook_public_key": secrets.public_key}
+    return feed.subscription_view(subscription, rotated)
 
 
 @router.post("/profiles", status_code=201, responses={200: {"description": "existing subscription updated"}})

@@ -526,10 +526,10 @@ def subscriptions_rotate_secret(
     before the overlap ends (both secrets sign until then)."""
     asked: dict[str, int] = {}
     if overlap is not None:
-        age = _AGE.match(overlap.strip())
-        if age is None:
+        length = _duration(overlap)
+        if length is None:
             fail(f"{overlap!r} is not a duration such as 90m, 24h or 7d", code=2)
-        asked["overlap_seconds"] = int(timedelta(**{_UNITS[age.group(2)]: int(age.group(1))}).total_seconds())
+        asked["overlap_seconds"] = int(length.total_seconds())
     with AdminClient(url, token) as api:
         rotated = api.call(
             "POST", f"/services/feed/subscriptions/{subscription_id}/secrets/rotate", json=asked
@@ -659,10 +659,9 @@ def _when(text: str | None) -> str | None:
     """An RFC 3339 moment with offset, or an age such as ``2h`` (that long before now)."""
     if text is None:
         return None
-    age = _AGE.match(text.strip())
-    if age:
-        delta = timedelta(**{_UNITS[age.group(2)]: int(age.group(1))})
-        return (datetime.now(UTC) - delta).isoformat()
+    age = _duration(text)
+    if age is not None:
+        return (datetime.now(UTC) - age).isoformat()
     try:
         moment = datetime.fromisoformat(text)
     except ValueError:
@@ -670,6 +669,12 @@ def _when(text: str | None) -> str | None:
     if moment.tzinfo is None:
         fail(f"{text!r} has no UTC offset: add Z or +hh:mm", code=2)
     return moment.isoformat()
+
+
+def _duration(text: str) -> timedelta | None:
+    """``90m``, ``2h``, ``7d`` (or ``30s``) as a length of time; None for anything else."""
+    age = _AGE.match(text.strip())
+    return None if age is None else timedelta(**{_UNITS[age.group(2)]: int(age.group(1))})
 
 
 def _list(

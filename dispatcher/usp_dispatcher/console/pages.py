@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hmac
 import json
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Annotated, Any, Final
 
 from fastapi import APIRouter, Depends, Form, Query, Request
@@ -452,9 +452,8 @@ async def rotate_secret(
 ) -> Response:
     """A new Standard Webhooks secret, shown on the page this once; the old one signs beside it
     for the signing keys' overlap."""
-    overlap = timedelta(seconds=settings.key_overlap_seconds)
     try:
-        rotated = await call(feed.rotate_secrets, db, subscription_id, settings, overlap=overlap)
+        rotated = await call(feed.rotate_secrets, db, subscription_id, settings)
     except (NotFound, Conflict) as exc:
         return await _subscription_page(
             request, db, console, subscription_id, problem=exc.detail, status_code=409

@@ -28,6 +28,7 @@ from usp_dispatcher.webhooks import feed
 from usp_receiver import jwk_thumbprint
 from usp_schemas.generate import readable_schema
 from usp_workers.engine.ssrf import Resolver
+from usp_workers.engine.webhook_secrets import WebhookSecrets
 from usp_workers.settings import ApiSettings
 from usp_workers.storage import db
 from usp_workers.storage.models import OnDead, Ordering, Subscription, Transport
@@ -561,13 +562,7 @@ def _new_subscription(session: Session, caller: Caller, checked: feed.CheckedSub
             "the most it may hold: delete one first.",
             severity="recoverable",
         )
-    body = _subscription_body(feed.add_subscription(session, checked))
-    if checked.secrets is not None:
-        body["subscription"] |= {
-            "webhook_secret": checked.secrets.secret,
-            "webhook_public_key": checked.secrets.public_key,
-        }
-    return body
+    return _subscription_body(feed.add_subscription(session, checked), checked.secrets)
 
 
 def _without_secret(body: dict[str, Any]) -> dict[str, Any]:
@@ -579,8 +574,8 @@ def _without_secret(body: dict[str, Any]) -> dict[str, Any]:
     return body
 
 
-def _subscription_body(subscription: Subscription) -> dict[str, Any]:
-    return {"usp": {}, "subscription": feed.subscription_view(subscription), "messages": []}
+def _subscription_body(subscription: Subscription, secrets: WebhookSecrets | None = None) -> dict[str, Any]:
+    return {"usp": {}, "subscription": feed.subscription_view(subscription, secrets), "messages": []}
 
 
 # ------------------------------------------------------------------------------------ the table

@@ -320,11 +320,12 @@ def rotate_secrets(
     subscription_id: str,
     settings: ApiSettings,
     *,
-    overlap: timedelta,
+    overlap: timedelta | None = None,
     now: datetime | None = None,
 ) -> WebhookSecrets:
     """A new Standard Webhooks secret (and key) for the subscription, committed; the old ones
-    sign beside it for ``overlap``. Returns the new set (its secret is shown once)."""
+    sign beside it for ``overlap`` (by default the signing keys', ``key_overlap_seconds``).
+    Returns the new set (its secret is shown once)."""
     subscription = get_subscription(session, subscription_id)
     if subscription.webhook_secrets is None:
         raise Conflict(
@@ -332,6 +333,8 @@ def rotate_secrets(
         )
     moment = now or utcnow()
     current = unseal(subscription.webhook_secrets, settings.secrets_key, subscription.id)
+    if overlap is None:
+        overlap = timedelta(seconds=settings.key_overlap_seconds)
     rotated = current.rotated(moment, overlap)
     subscription.webhook_secrets = seal(rotated, settings.secrets_key, subscription.id)
     subscription.updated_at = moment
@@ -367,9 +370,10 @@ def _check_lease(seconds: int) -> None:
         )
 
 
-def subscription_view(subscription: Subscription) -> dict[str, Any]:
-    """The JSON shape of a subscription in every answer."""
-    return {
+def subscription_view(subscription: Subscription, secrets: WebhookSecrets | None = None) -> dict[str, Any]:
+    """The JSON shape of a subscription in every answer; with the ``secrets`` just made (at
+    creation, at a rotation), their ``webhook_secret`` and ``webhook_public_key``, that once."""
+    view: dict[str, Any] = {
         "id": subscription.id,
         "url": subscription.url,
         "transport": Transport(subscription.transport).value,
@@ -384,6 +388,9 @@ def subscription_view(subscription: Subscription) -> dict[str, Any]:
         "created_at": subscription.created_at.isoformat(),
         "updated_at": subscription.updated_at.isoformat(),
     }
+    if secrets is not None:
+        view |= {"webhook_secret": secrets.secret, "webhook_public_key": secrets.public_key}
+    return view
 
 
 def _upsert(session: Session, checked: CheckedSubscription) -> tuple[Subscription, bool]:
