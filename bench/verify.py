@@ -11,7 +11,9 @@ body:
   ``event_id`` and a dedupe claim+commit in memory and in Redis (a fresh id every iteration, so
   every claim is NEW — the expensive case);
 * the in-band JWS a notification on a live MCP session carries (JCS of the same event);
-* the ``standardwebhooks`` package verifying an HMAC signature of the same body;
+* the ``standardwebhooks`` package verifying an HMAC signature of the same body, and ours
+  (``usp_receiver.standard_webhooks``) verifying ``v1`` and ``v1a`` and signing both as a worker
+  does for a subscription that asks for them; beside the raw Ed25519 sign rate of the run;
 * ``process_once`` with memory and Redis dedupe on one event loop, ``--in-flight`` deliveries at a
   time (8 and 32 by default), as an ASGI receiver serves them.
 
@@ -53,6 +55,7 @@ from usp_receiver import (
     Verifier,
     sign_notification_params,
     sign_request,
+    standard_webhooks,
     verify_notification_params,
 )
 from usp_receiver.dedupe import DedupeStore, MemoryDedupe, Processed, process_once
@@ -191,8 +194,16 @@ def main() -> None:
         "webhook-signature": hooks.sign(msg_id, stamp, body.decode()),
     }
 
+    raw_private = ed25519.Ed25519PrivateKey.generate()
+    ours_secret, ours_key = standard_webhooks.new_secret(), standard_webhooks.new_signing_key()
+    ours_public = standard_webhooks.public_key_of(ours_key)
+    sent_at = int(stamp.timestamp())
+    v1 = standard_webhooks.sign(msg_id, sent_at, body, secrets=[ours_secret])
+    v1a = standard_webhooks.sign(msg_id, sent_at, body, signing_keys=[ours_key])
+
     rows: list[tuple[str, Callable[[int], object]]] = [
         ("raw Ed25519 verify (cryptography) — floor", lambda i: raw_key.verify(raw_signature, b"x" * 300)),
+        ("raw Ed25519 sign (cryptography) — the guide's reference", lambda i: raw_private.sign(b"x" * 300)),
         (
             "http-message-signatures as-is (+digest)",
             lambda i: library.verify(library_message, max_age=None, body=body),
@@ -219,6 +230,22 @@ def main() -> None:
     rows.append(
         ("standardwebhooks HMAC-SHA256 verify", lambda i: hooks.verify(body, std_headers, json_parse=False))
     )
+    rows += [
+        (
+            "ours: Standard Webhooks v1 verify",
+            lambda i: standard_webhooks.verify(v1, body, secrets=[ours_secret]),
+        ),
+        (
+            "ours: Standard Webhooks v1a verify",
+            lambda i: standard_webhooks.verify(v1a, body, public_keys=[ours_public]),
+        ),
+        (
+            "ours: Standard Webhooks v1 + v1a sign (a worker's extra per try)",
+            lambda i: standard_webhooks.sign(
+                msg_id, sent_at, body, secrets=[ours_secret], signing_keys=[ours_key]
+            ),
+        ),
+    ]
 
     fresh = itertools.count()
     run = uuid.uuid4().hex[:8]
