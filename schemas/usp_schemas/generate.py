@@ -19,6 +19,7 @@ from usp_schemas._events import WebhookEvent
 from usp_schemas._jsonrpc import WebhookNotification
 from usp_schemas._mcp import ToolResult
 from usp_schemas._payloads import Booking, Message, Service, Slot, WaitlistEntry
+from usp_schemas._probe import ProbeEvent
 
 __all__ = ["DEFAULT_OUTPUT_DIR", "main", "readable_schema", "render_schemas"]
 
@@ -37,6 +38,7 @@ _PAYLOADS: dict[str, type[BaseModel]] = {
     "post.json": Post,
     "content_subscription.json": ContentSubscription,
     "entitlement.json": Entitlement,
+    "probe_event.json": ProbeEvent,
 }
 
 

@@ -26,6 +26,7 @@ EXPECTED_FILES = {
     "post.json",
     "content_subscription.json",
     "entitlement.json",
+    "probe_event.json",
 }
 
 
@@ -136,6 +137,7 @@ def test_payload_files_describe_their_model() -> None:
         "post.json": "Post",
         "content_subscription.json": "ContentSubscription",
         "entitlement.json": "Entitlement",
+        "probe_event.json": "ProbeEvent",
     }
     assert load("slot.json")["properties"]["duration"]["pattern"].startswith("^P")
 
