@@ -17,16 +17,29 @@ const ajv = new Ajv2020({ strict: false, allErrors: false });
 (addFormats as unknown as (ajv: Ajv2020) => void)(ajv);
 const validEvent = ajv.compile<WebhookEvent>(webhookEventSchema);
 const validProbe = ajv.compile<ProbeEvent>(probeEventSchema);
+/** Each event type's own schema: what a failed `oneOf` is explained by (its own errors say little). */
+const byType = new Map(
+  Object.entries(webhookEventSchema.discriminator.mapping).map(([type, ref]) => [
+    type,
+    ajv.compile({ $ref: ref, $defs: webhookEventSchema.$defs }),
+  ]),
+);
 
 /** `body` as a USP event, or throw {@link InvalidEvent} saying why not (never the body itself). */
 export function parseEvent(body: Uint8Array | string): WebhookEvent {
   const document = decode(body);
   if (validEvent(document)) return document;
-  const problems = (validEvent.errors ?? [])
+  const type = (document as { event?: unknown } | null)?.event;
+  const own = typeof type === "string" ? byType.get(type) : undefined;
+  if (own === undefined) {
+    throw new InvalidEvent(`invalid USP event: event ${JSON.stringify(type)} is not one of ${[...byType.keys()].join(", ")}`);
+  }
+  own(document);
+  const problems = (own.errors ?? validEvent.errors ?? [])
     .slice(0, 5)
     .map((e) => `${e.instancePath || "<root>"}: ${e.message ?? "invalid"}`)
     .join("; ");
-  throw new InvalidEvent(`invalid USP event: ${problems}`);
+  throw new InvalidEvent(`invalid USP event (${type}): ${problems}`);
 }
 
 /** `body` as the probe event `usp-webhooks probe` sends, else `undefined`. */

@@ -266,6 +266,9 @@ function parseField(value: string, name: string): Map<string, Item | InnerList> 
  * else (`@query-param`, `;sf`, `;key`, `;bs`, `@request-target`) from `http-message-signatures`.
  */
 function signatureBase(request: SignedRequest, fields: Fields, entry: Entry): Uint8Array {
+  if (request.method !== request.method.toUpperCase()) {
+    throw new MalformedSignature("HTTP request method must be an uppercase string");
+  }
   const flat: Record<string, string[]> = {};
   for (const [name, lines] of fields) if (name !== "signature" && name !== "signature-input") flat[name] = lines;
   const message = { method: request.method, url: request.url, headers: flat };
