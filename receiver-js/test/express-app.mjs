@@ -4,7 +4,8 @@
 // ran. Routes:
 //   /hooks        the receiver as a platform runs it: the USP policy, memory dedupe
 //   /hooks-redis  the same with the Redis store (USP_REDIS_URL), through ioredis
-//   /hooks-short  a 2 s replay window, so a test can replay a delivery past it without waiting
+//   /hooks-short  a 2 s replay window, so a test can replay a delivery past it without waiting;
+//                 with USP_RECORD set, each request is printed as it arrived
 //   /hooks-flaky  a handler that fails the first time it sees each event (the sender must retry)
 import express from "express";
 import { Redis } from "ioredis";
@@ -31,7 +32,15 @@ const flaky = (hook) => {
 const quiet = () => {}; // the refusals the tests provoke are not news
 const app = express();
 app.post("/hooks", uspWebhook(new WebhookReceiver({ verifier: new Verifier(keys), handler: report("/hooks"), log: quiet })));
-app.post("/hooks-short", uspWebhook(new WebhookReceiver({ verifier: new Verifier(keys, { maxAge: 2 }), handler: report("/hooks-short"), log: quiet })));
+// USP_RECORD: /hooks-short prints each request as it arrived (after express.raw(), which the
+// middleware accepts), so a test can replay or tamper with a real delivery.
+const record = (request, response, next) => {
+  if (process.env.USP_RECORD) {
+    console.log(JSON.stringify({ recorded: request.path, headers: request.rawHeaders, body: request.body.toString("base64") }));
+  }
+  next();
+};
+app.post("/hooks-short", express.raw({ type: () => true }), record, uspWebhook(new WebhookReceiver({ verifier: new Verifier(keys, { maxAge: 2 }), handler: report("/hooks-short"), log: quiet })));
 app.post("/hooks-flaky", uspWebhook(new WebhookReceiver({ verifier: new Verifier(keys), handler: flaky, log: quiet })));
 let redis;
 if (process.env.USP_REDIS_URL) {

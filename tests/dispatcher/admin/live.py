@@ -22,7 +22,7 @@ from typer.testing import CliRunner, Result
 from tests.dispatcher.conftest import ADMIN, ADMIN_TOKEN, MakeSettings, Serve
 from tests.workers.conftest import hub_server
 from tests.workers.endpoints import Hub
-from tests.workers.support import Pipeline, WorkerProcess
+from tests.workers.support import Pipeline, RelayProcess, WorkerProcess
 from usp_dispatcher import cli
 from usp_dispatcher.api.app import create_app
 from usp_receiver import JWKS
@@ -69,9 +69,19 @@ class Live:
 
 @contextmanager
 def running_service(
-    make_settings: MakeSettings, serve: Serve, engine: Engine, tmp_path: Path
+    make_settings: MakeSettings,
+    serve: Serve,
+    engine: Engine,
+    tmp_path: Path,
+    *,
+    scheduler: bool = False,
+    **extra: Any,
 ) -> Iterator[Live]:
-    settings = make_settings(retry_schedule=(0.2, 0.2), retry_jitter=0.0, secrets_key=SecretStr(SECRETS_KEY))
+    """The service; with ``scheduler``, the scheduler too (it sends retries when they fall due).
+    ``extra`` settings apply to the API and the worker alike."""
+    settings = make_settings(
+        retry_schedule=(0.2, 0.2), retry_jitter=0.0, secrets_key=SecretStr(SECRETS_KEY), **extra
+    )
     base = serve(create_app(settings))
     jwks = JWKS.from_dict(httpx.get(base + "/.well-known/usp/jwks.json").json())
     fields = {
@@ -83,16 +93,22 @@ def running_service(
         "retry_jitter": 0.0,
         "connect_timeout": 2.0,
         "total_timeout": 5.0,
+        **extra,
     }
     pipeline = Pipeline(fields, engine, tmp_path, "embedded")
     worker = WorkerProcess(pipeline, "worker")
+    relay = RelayProcess(pipeline) if scheduler else None
     try:
         worker.wait_ready()
+        if relay is not None:
+            relay.wait_ready()
         with hub_server() as hub:
             yield Live(base, engine, hub, jwks, worker, pipeline.env())
     finally:
         code = worker.stop()
         print(f"----- worker (exit {code}) -----\n{worker.output()}")
+        if relay is not None:
+            print(f"----- scheduler (exit {relay.stop()}) -----\n{relay.output()}")
 
 
 def wait_until(condition: Callable[[], bool], what: str, live: Live) -> None:
