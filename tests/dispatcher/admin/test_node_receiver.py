@@ -15,6 +15,7 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -67,7 +68,12 @@ def node_app(live: Live, tmp_path: Path) -> Iterator[NodeApp]:
     errors = tmp_path / "express-app.stderr"
     with errors.open("w") as stderr:
         process = subprocess.Popen(
-            ["node", "test/express-app.mjs"], cwd=RECEIVER_JS, env=env, stdout=subprocess.PIPE, stderr=stderr, text=True
+            ["node", "test/express-app.mjs"],
+            cwd=RECEIVER_JS,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=stderr,
+            text=True,
         )
     app = NodeApp(process)
     ready = threading.Event()
@@ -99,11 +105,19 @@ def node_app(live: Live, tmp_path: Path) -> Iterator[NodeApp]:
         print(f"----- the Express app's stderr -----\n{errors.read_text()}")
 
 
-def resend(app: NodeApp, recorded: dict[str, Any], *, body: bytes | None = None, **headers: str) -> httpx.Response:
+def handled_once(app: NodeApp, route: str) -> bool:
+    return len(app.handled(route)) == 1
+
+
+def resend(
+    app: NodeApp, recorded: dict[str, Any], *, body: bytes | None = None, **headers: str
+) -> httpx.Response:
     """A captured delivery sent again as it arrived, with ``body`` or ``headers`` changed."""
     raw = recorded["headers"]
     fields = [(raw[i], raw[i + 1]) for i in range(0, len(raw), 2)]
-    fields = [(n, headers.get(n.lower(), v)) for n, v in fields if n.lower() not in ("content-length", "host")]
+    fields = [
+        (n, headers.get(n.lower(), v)) for n, v in fields if n.lower() not in ("content-length", "host")
+    ]
     content = base64.b64decode(recorded["body"]) if body is None else body
     return httpx.post(app.base + recorded["recorded"], content=content, headers=fields)
 
@@ -113,7 +127,7 @@ def test_deliveries_to_the_express_receiver(live: Live, node_app: NodeApp) -> No
         live.subscribe(node_app.base + route)
     first = event_id_in(live.ok("trigger", "booking.confirmed"))
     for route in ("/hooks", "/hooks-short", "/hooks-flaky", "/hooks-redis"):
-        wait_until(lambda route=route: len(node_app.handled(route)) == 1, f"{first} handled at {route}", live)
+        wait_until(partial(handled_once, node_app, route), f"{first} handled at {route}", live)
         (line,) = node_app.handled(route)
         assert (line["event_id"], line["event"], line["label"]) == (first, "booking.confirmed", "sig1")
     (old_kid,) = {line["kid"] for line in node_app.lines if "kid" in line}
