@@ -1,17 +1,19 @@
 """The TypeScript receiver (``receiver-js/``, ``@usp-webhooks/receiver``) under Node's test
 runner: the RFC 9421 vectors, the cross-receiver corpus judged exactly as the Python receiver judges
 it, the dedupe stores on a real Redis (shared with the Python store), ``RemoteJWKS`` against a real
-server, and the Express and Hono skins."""
+server, the Express and Hono skins, and the package ``npm pack`` makes."""
 
 from __future__ import annotations
 
 import json
+import shutil
+import subprocess
 import uuid
 from pathlib import Path
 
 from redis import Redis
 
-from tests.nodejs import receiver_js_test
+from tests.nodejs import RECEIVER_JS, build_receiver_js, receiver_js_test
 from tests.receiver.corpus import corpus
 from usp_receiver.dedupe import ClaimState
 from usp_receiver.dedupe.redis import RedisDedupe
@@ -61,3 +63,58 @@ def test_remote_jwks_caching_and_refetch_rules() -> None:
 
 def test_the_express_and_hono_skins() -> None:
     receiver_js_test("express.test.mjs")
+
+
+def test_npm_pack_makes_a_package_a_platform_installs_and_imports(tmp_path: Path) -> None:
+    """What ``npm pack`` writes is what a platform gets from ``npm install``: the built code, its
+    types and the README, no sources or tests; installed into an empty project, every entry
+    point of ``exports`` imports and the front door has the whole surface."""
+    build_receiver_js()
+    npm = shutil.which("npm")
+    assert npm is not None
+    packed = subprocess.run(
+        [npm, "pack", "--json", "--pack-destination", str(tmp_path)],
+        cwd=RECEIVER_JS,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
+    )
+    (manifest,) = json.loads(packed.stdout)
+    files = {entry["path"] for entry in manifest["files"]}
+    assert {"package.json", "README.md", "dist/index.js", "dist/index.d.ts", "dist/express.js"} <= files
+    assert not [name for name in files if name.startswith(("src/", "test/", "scripts/", "node_modules/"))]
+    project = tmp_path / "platform"
+    project.mkdir()
+    (project / "package.json").write_text('{"name": "platform", "private": true, "type": "module"}')
+    subprocess.run(
+        [npm, "install", "--prefer-offline", "--no-audit", "--no-fund", str(tmp_path / manifest["filename"])],
+        cwd=project,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
+    )
+    script = (
+        'import * as receiver from "@usp-webhooks/receiver";'
+        'import { uspWebhook } from "@usp-webhooks/receiver/express";'
+        'import { RedisDedupe } from "@usp-webhooks/receiver/redis";'
+        'import { uspWebhook as hono } from "@usp-webhooks/receiver/hono";'
+        "console.log(JSON.stringify(Object.keys(receiver)),"
+        " typeof uspWebhook, typeof RedisDedupe, typeof hono);"
+    )
+    node = shutil.which("node")
+    assert node is not None
+    done = subprocess.run(
+        [node, "--input-type=module", "-e", script], cwd=project, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    names, *kinds = done.stdout.split()
+    assert kinds == ["function", "function", "function"]
+    assert {"Verifier", "RemoteJWKS", "WebhookReceiver", "StandardWebhooksVerifier", "MemoryDedupe"} <= set(
+        json.loads(names)
+    )
+
+
+def test_standard_webhooks_against_the_spec_library() -> None:
+    receiver_js_test("standard_webhooks.test.mjs")

@@ -24,7 +24,7 @@ from playwright.sync_api import Browser, BrowserContext, Page, expect
 from tests.dispatcher.admin.browser import screenshot
 from tests.dispatcher.admin.live import Live
 from tests.dispatcher.conftest import ADMIN
-from tests.nodejs import NODE_MODULES, install_node_packages
+from tests.nodejs import RECEIVER_JS, build_receiver_js
 from tests.servers import free_port
 from usp_dispatcher import access
 from usp_receiver import SigningKey, sign_request
@@ -144,7 +144,7 @@ def refused_without_a_valid_signature(url: str) -> None:
 def test_each_platform_sees_only_its_own_and_both_snippets_verify_a_real_delivery(
     live: Live, browser: Browser, tmp_path: Path
 ) -> None:
-    install_node_packages()
+
     port_a, port_b = free_port(), free_port()
     url_a, url_b = f"http://127.0.0.1:{port_a}/webhooks/usp", f"http://127.0.0.1:{port_b}/hooks/usp"
     sub_a, sub_b = subscribe(live, url_a, ACME), subscribe(live, url_b, GLOBEX)
@@ -198,12 +198,15 @@ def test_each_platform_sees_only_its_own_and_both_snippets_verify_a_real_deliver
         listener.stop()
     assert listener.output().count(heard) == 1
 
-    # Globex: the Node.js snippet, with the npm package, verifies its own test event.
+    # Globex: the Node.js snippet, with our npm package (receiver-js/, as `npm install` would lay
+    # it out), verifies its own test event.
+    build_receiver_js()
     page_b = enter(live, globex, GLOBEX)
     page_b.click(f"text={sub_b}")
     (node := tmp_path / "node").mkdir()
     (node / "receiver.mjs").write_text(page_b.locator("#snippet-node").inner_text())
-    (node / "node_modules").symlink_to(NODE_MODULES)
+    (node / "node_modules" / "@usp-webhooks").mkdir(parents=True)
+    (node / "node_modules" / "@usp-webhooks" / "receiver").symlink_to(RECEIVER_JS)
     with running(["node", "receiver.mjs"], node, port_b) as receiver_b:
         sent_b = send_test_event(page_b)
         receiver_b.wait_printed(f"booking.confirmed {sent_b}")
