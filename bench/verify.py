@@ -15,7 +15,12 @@ body:
   (``usp_receiver.standard_webhooks``) verifying ``v1`` and ``v1a`` and signing both as a worker
   does for a subscription that asks for them; beside the raw Ed25519 sign rate of the run;
 * ``process_once`` with memory and Redis dedupe on one event loop, ``--in-flight`` deliveries at a
-  time (8 and 32 by default), as an ASGI receiver serves them.
+  time (8 and 32 by default), as an ASGI receiver serves them;
+* a second table, the Node.js receiver (``receiver-js/bench/verify.mjs``, on the same core and the
+  same delivery): raw Ed25519 verify and sign in ``node:crypto`` (its floor and the guide's
+  reference), ``Verifier.verify``, with memory dedupe, the whole ``WebhookReceiver.receive`` and a
+  Standard Webhooks ``v1`` verify. ``--no-node`` leaves it out; it needs ``receiver-js`` built
+  (``npm ci && npm run build`` there).
 
 The rows run in turn, ``--rounds`` times (3 by default), and each row's best round is printed,
 the floor's included: this machine's speed drifts by a third within minutes (a VM's neighbours),
@@ -32,16 +37,20 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
 import datetime
 import itertools
 import json
 import os
 import socket
+import subprocess
+import tempfile
 import time
 import urllib.parse
 import uuid
 from collections.abc import Callable
 from functools import partial
+from pathlib import Path
 
 from cryptography.hazmat.primitives.asymmetric import ed25519
 from http_message_signatures import HTTPMessageVerifier, MappingKeyResolver, algorithms
@@ -136,6 +145,7 @@ def main() -> None:
         "--redis-url", default=os.environ.get("USP_BENCH_REDIS_URL", "redis://127.0.0.1:6379/15")
     )
     parser.add_argument("--rounds", type=int, default=3, help="times every row runs; its best counts")
+    parser.add_argument("--no-node", action="store_true", help="leave out the Node.js receiver's table")
     args = parser.parse_args()
     if hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
@@ -283,6 +293,47 @@ def main() -> None:
     Console().print(table)
     if redis_store is not None:
         redis_store.close()
+    if not args.no_node:
+        inputs = {
+            "url": URL,
+            "headers": headers,
+            "body": base64.b64encode(body).decode(),
+            "jwk": dict(key.public.jwk),
+            "now": now,
+            "secret": ours_secret,
+            "standard_headers": v1,
+            "seconds": args.seconds,
+            "rounds": args.rounds,
+        }
+        node_table(inputs, len(body))
+
+
+def node_table(inputs: dict[str, object], size: int) -> None:
+    """Run the Node.js receiver's rows on the same delivery and print them against Node's floor."""
+    script = Path(__file__).resolve().parents[1] / "receiver-js" / "bench" / "verify.mjs"
+    with tempfile.NamedTemporaryFile("w", suffix=".json") as handle:
+        json.dump(inputs, handle)
+        handle.flush()
+        done = subprocess.run(
+            ["node", str(script)],
+            env=os.environ | {"USP_BENCH_INPUT": handle.name},
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+    if done.returncode != 0:
+        print(f"Node.js rows skipped (build receiver-js first: npm ci && npm run build):\n{done.stderr}")
+        return
+    results = json.loads(done.stdout)
+    floor = next(iter(results.values()))
+    table = Table(title=f"Node.js receiver (@usp-webhooks/receiver), one core, {size}-byte body")
+    table.add_column("path")
+    table.add_column("ops/s", justify="right")
+    table.add_column("µs/op", justify="right")
+    table.add_column("% of Node's raw Ed25519", justify="right")
+    for name, ops in results.items():
+        table.add_row(name, f"{ops:,.0f}", f"{1e6 / ops:,.1f}", f"{100 * ops / floor:.0f}%")
+    Console().print(table)
 
 
 if __name__ == "__main__":
