@@ -5,7 +5,7 @@
 //   /hooks        the receiver as a platform runs it: the USP policy, memory dedupe
 //   /hooks-redis  the same with the Redis store (USP_REDIS_URL), through ioredis
 //   /hooks-short  a 2 s replay window, so a test can replay a delivery past it without waiting;
-//                 with USP_RECORD set, each request is printed as it arrived
+//                 with USP_RECORD set, each request is printed as it arrived (so is /hooks-redis's)
 //   /hooks-flaky  a handler that fails the first time it sees each event (the sender must retry)
 import express from "express";
 import { Redis } from "ioredis";
@@ -32,7 +32,7 @@ const flaky = (hook) => {
 const quiet = () => {}; // the refusals the tests provoke are not news
 const app = express();
 app.post("/hooks", uspWebhook(new WebhookReceiver({ verifier: new Verifier(keys), handler: report("/hooks"), log: quiet })));
-// USP_RECORD: /hooks-short prints each request as it arrived (after express.raw(), which the
+// USP_RECORD: /hooks-short and /hooks-redis print each request as it arrived (after express.raw(), which the
 // middleware accepts), so a test can replay or tamper with a real delivery.
 const record = (request, response, next) => {
   if (process.env.USP_RECORD) {
@@ -46,7 +46,7 @@ let redis;
 if (process.env.USP_REDIS_URL) {
   redis = new Redis(process.env.USP_REDIS_URL);
   const dedupe = new RedisDedupe(redis, { prefix: process.env.USP_REDIS_PREFIX ?? "usp:dedupe:" });
-  app.post("/hooks-redis", uspWebhook(new WebhookReceiver({ verifier: new Verifier(keys), handler: report("/hooks-redis"), dedupe, log: quiet })));
+  app.post("/hooks-redis", express.raw({ type: () => true }), record, uspWebhook(new WebhookReceiver({ verifier: new Verifier(keys), handler: report("/hooks-redis"), dedupe, log: quiet })));
 }
 
 const server = app.listen(Number(process.env.PORT ?? 0), "127.0.0.1", () => {

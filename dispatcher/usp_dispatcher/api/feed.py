@@ -13,13 +13,12 @@ from fastapi import APIRouter, Query, Response
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
-from sqlmodel import Session
 
 from usp_dispatcher.web.auth import AdminDep
 from usp_dispatcher.web.deps import ResolverDep, SessionDep, SettingsDep
 from usp_dispatcher.webhooks import feed
 from usp_dispatcher.webhooks.profiles import register_profile
-from usp_workers.storage.models import OnDead, Ordering, Subscription, SubscriptionState, Transport
+from usp_workers.storage.models import OnDead, Ordering, SubscriptionState, Transport
 
 __all__ = ["router"]
 
@@ -112,7 +111,7 @@ async def create_subscription(
         tuple(body.signatures),
     )
     checked = await feed.check_subscription(spec, settings, resolver=resolver)
-    subscription = await run_in_threadpool(_add_and_commit, session, checked)
+    subscription = await run_in_threadpool(feed.store_subscription, session, checked)
     return JSONResponse(feed.subscription_view(subscription, checked.secrets), status_code=201)
 
 
@@ -174,9 +173,3 @@ async def register_platform_profile(
     """Fetch a platform profile and subscribe its ``webhook_url``: 201 created, 200 updated."""
     subscription, created = await register_profile(session, settings, body.profile, resolver=resolver)
     return JSONResponse(feed.subscription_view(subscription), status_code=201 if created else 200)
-
-
-def _add_and_commit(session: Session, checked: feed.CheckedSubscription) -> Subscription:
-    subscription = feed.add_subscription(session, checked)
-    session.commit()
-    return subscription

@@ -27,17 +27,17 @@ from usp_dispatcher.console.web import (
     session_dependencies,
     utc,
 )
-from usp_dispatcher.errors import Conflict, NotFound
+from usp_dispatcher.errors import Conflict, NotFound, Refused
 from usp_dispatcher.web.deps import SessionDep, SettingsDep, get_engine
 from usp_dispatcher.web.problems import HTTPProblem
 from usp_dispatcher.webhooks import feed
 from usp_workers import operations
 from usp_workers.engine import keys
-from usp_workers.engine.webhook_secrets import WebhookSecrets
+from usp_workers.engine.webhook_secrets import RFC9421, WebhookSecrets
 from usp_workers.operations import DeadLetterFilter, EventFilter, activity
 from usp_workers.runtime import metrics, tasks
 from usp_workers.settings import ApiSettings
-from usp_workers.storage.models import DeliveryStatus, SubscriptionState
+from usp_workers.storage.models import DeliveryStatus, SubscriptionState, Transport
 
 __all__ = ["router"]
 
@@ -335,6 +335,34 @@ async def subscriptions(
     return render(request, "subscriptions.html", context)
 
 
+@router.post("/subscriptions")
+async def create_subscription(
+    request: Request,
+    db: SessionDep,
+    console: ActionDep,
+    settings: SettingsDep,
+    url: Annotated[str, Form(max_length=2048)],
+    transport: Annotated[Transport, Form()] = Transport.REST,
+    event_types: Annotated[str, Form(max_length=2048)] = "*",
+    signatures: Annotated[list[str] | None, Form(max_length=64)] = None,
+) -> Response:
+    """A subscription of the business's own, checked as the REST API checks one; a Standard
+    Webhooks secret it asked for is shown on its page this once."""
+    patterns = [p.strip() for p in event_types.replace(",", " ").split() if p.strip()] or ["*"]
+    spec = feed.SubscriptionSpec(url.strip(), transport, patterns, signatures=(RFC9421, *(signatures or ())))
+    try:
+        checked = await feed.check_subscription(spec, settings)
+        created = await call(feed.store_subscription, db, checked)
+    except (Refused, Conflict) as exc:
+        page = await call(operations.list_subscriptions, db, state=None, cursor=None, limit=50)
+        context = {"console": console, "page": page, "state": "", "next_query": None, "problem": exc.detail}
+        context["asked"] = {"url": url, "transport": transport.value, "event_types": event_types}
+        return render(request, "subscriptions.html", context, status_code=422)
+    return await _subscription_page(
+        request, db, console, created.id, new_secrets=checked.secrets, created=True
+    )
+
+
 @router.get("/subscriptions/{subscription_id}", response_class=HTMLResponse)
 async def subscription(request: Request, subscription_id: str, db: SessionDep, console: PageDep) -> Response:
     """One subscription: health, latency percentiles and attempts per minute over the last hour."""
@@ -349,7 +377,8 @@ async def _subscription_page(
     *,
     problem: str | None = None,
     status_code: int = 200,
-    rotated: WebhookSecrets | None = None,
+    new_secrets: WebhookSecrets | None = None,
+    created: bool = False,
 ) -> Response:
     try:
         found = await call(operations.subscription_health, db, subscription_id)
@@ -368,7 +397,8 @@ async def _subscription_page(
         "chart": chart,
         "deliveries": latest,
         "problem": problem,
-        "rotated": rotated,
+        "new_secrets": new_secrets,
+        "created": created,
     }
     return render(request, "subscription.html", context, status_code=status_code)
 
@@ -458,7 +488,7 @@ async def rotate_secret(
         return await _subscription_page(
             request, db, console, subscription_id, problem=exc.detail, status_code=409
         )
-    return await _subscription_page(request, db, console, subscription_id, rotated=rotated)
+    return await _subscription_page(request, db, console, subscription_id, new_secrets=rotated)
 
 
 # ------------------------------------------------------------------------------- keys

@@ -197,6 +197,13 @@ def add_subscription(session: Session, checked: CheckedSubscription) -> Subscrip
     return subscription
 
 
+def store_subscription(session: Session, checked: CheckedSubscription) -> Subscription:
+    """:func:`add_subscription`, committed: a new subscription from the REST API or the console."""
+    subscription = add_subscription(session, checked)
+    session.commit()
+    return subscription
+
+
 async def upsert_profile_subscription(
     session: Session, settings: ApiSettings, spec: SubscriptionSpec, *, resolver: Resolver | None = None
 ) -> tuple[Subscription, bool]:

@@ -19,6 +19,7 @@ import pytest
 import sqlalchemy as sa
 from playwright.sync_api import Browser, BrowserContext, Page, expect
 from sqlmodel import Session
+from standardwebhooks import Webhook
 
 from tests.dispatcher.admin.browser import screenshot
 from tests.dispatcher.admin.live import Live, deliveries, event_id_in, wait_until
@@ -408,3 +409,40 @@ def test_a_standard_webhooks_secret_is_rotated_from_the_console_and_shown_once(
     page.goto(f"/console/subscriptions/{created['id']}")
     expect(page.locator(".new-secret")).to_have_count(0)  # once
     assert "whsec_" not in page.content()
+
+
+def test_a_subscription_is_created_from_the_console_with_standard_webhooks(live: Live, page: Page) -> None:
+    """The form asks for a URL, event types, a transport and the signatures; the secret is shown
+    on the new subscription's page once, and a delivery verifies under it in the spec's library;
+    a URL the service refuses is refused on the form, which keeps what was typed."""
+    log_in(page)
+    page.goto("/console/subscriptions")
+    page.click("summary:has-text('New subscription')")
+    page.fill("input[name=url]", "http://169.254.169.254/latest/meta-data")
+    page.fill("input[name=event_types]", "booking.*")
+    page.click("button:has-text('Create')")
+    expect(page.get_by_role("alert")).to_contain_text("refused")
+    expect(page.locator("input[name=event_types]")).to_have_value("booking.*")
+
+    url, path = live.endpoint("console-made", Answer(200))
+    page.fill("input[name=url]", url)
+    page.check("input[value=standard-webhooks]")
+    page.click("button:has-text('Create')")
+    expect(page).to_have_url(re.compile(r"/console/subscriptions$"))
+    expect(page.locator(".notice.created")).to_be_visible()
+    expect(page.locator("dd.signatures")).to_have_text("rfc9421, standard-webhooks")
+    secret = page.locator(".new-secret code.secret").inner_text()
+    assert secret.startswith("whsec_")
+    subscription_id = page.locator("h1 small").inner_text()
+    with Session(live.engine) as session:
+        made = session.get(Subscription, subscription_id)
+        assert made is not None
+        assert json.loads(made.event_types) == ["booking.*"]
+        assert secret not in (made.webhook_secrets or ""), "stored sealed"
+
+    event_id = booking_event(live, "booking.confirmed", "bkg_console_made")
+    wait_until(lambda: len(live.hub.seen(path)) == 1, "the delivery", live)
+    (seen,) = live.hub.seen(path)
+    assert Webhook(secret).verify(seen.body, seen.headers)["event_id"] == event_id
+    page.goto(f"/console/subscriptions/{subscription_id}")
+    assert "whsec_" not in page.content(), "shown once"

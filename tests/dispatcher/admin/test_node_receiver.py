@@ -141,18 +141,21 @@ def test_deliveries_to_the_express_receiver(live: Live, node_app: NodeApp) -> No
     retried = [d for d in deliveries(live.engine) if d.event_id == first and d.attempt_count > 1]
     assert len(retried) == 1, "only the flaky route needed a second try"
 
-    # A captured delivery, replayed: inside the window a duplicate (not handled again), past it refused.
-    (captured,) = node_app.recorded("/hooks-short")
+    # A captured delivery, replayed: inside the window a duplicate (not handled again; the Redis
+    # store says so), tampered with refused, and past the window (2 s on /hooks-short) refused.
+    (captured,) = node_app.recorded("/hooks-redis")
     again = resend(node_app, captured)
     assert (again.status_code, again.json()["status"]) == (200, "duplicate")
     body = base64.b64decode(captured["body"])
-    tampered = resend(node_app, captured, body=body.replace(b"confirmed", b"cancelled"))
-    assert (tampered.status_code, tampered.json()["reason"]) == (401, "digest_mismatch")
     forged = body.replace(b"confirmed", b"cancelled")
+    tampered = resend(node_app, captured, body=forged)
+    assert (tampered.status_code, tampered.json()["reason"]) == (401, "digest_mismatch")
     redigested = resend(node_app, captured, body=forged, **{"content-digest": content_digest(forged)})
     assert (redigested.status_code, redigested.json()["reason"]) == (401, "bad_signature")
+    assert len(node_app.handled("/hooks-redis")) == 1
+    (short,) = node_app.recorded("/hooks-short")
     time.sleep(3.2)
-    late = resend(node_app, captured)
+    late = resend(node_app, short)
     assert (late.status_code, late.json()["reason"]) == (401, "stale")
     assert len(node_app.handled("/hooks-short")) == 1
 
