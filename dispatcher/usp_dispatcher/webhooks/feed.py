@@ -22,7 +22,14 @@ from sqlmodel import Session, col, select
 from usp_dispatcher.errors import Conflict, NotFound, Refused
 from usp_schemas import EVENT_TYPES
 from usp_workers.engine.ssrf import ResolvedTarget, Resolver, TargetRefused, check_target
-from usp_workers.engine.webhook_secrets import RFC9421, SCHEMES, WebhookSecrets, seal, unseal
+from usp_workers.engine.webhook_secrets import (
+    RFC9421,
+    SCHEMES,
+    SecretsUnavailable,
+    WebhookSecrets,
+    seal,
+    unseal,
+)
 from usp_workers.operations import DELETED
 from usp_workers.settings import ApiSettings
 from usp_workers.storage import db
@@ -339,7 +346,14 @@ def rotate_secrets(
             "no_webhook_secret", f"subscription {subscription_id!r} has no Standard Webhooks signatures"
         )
     moment = now or utcnow()
-    current = unseal(subscription.webhook_secrets, settings.secrets_key, subscription.id)
+    try:
+        current = unseal(subscription.webhook_secrets, settings.secrets_key, subscription.id)
+    except SecretsUnavailable:
+        raise Conflict(
+            "secrets_unavailable",
+            f"USP_SECRETS_KEY does not open subscription {subscription_id!r}'s sealed secrets (it is"
+            " unset, or not the key that sealed them): restore that key to rotate them",
+        ) from None
     if overlap is None:
         overlap = timedelta(seconds=settings.key_overlap_seconds)
     rotated = current.rotated(moment, overlap)

@@ -28,7 +28,7 @@ from usp_receiver import Verifier, WebhookReceiver, standard_webhooks
 from usp_receiver.fastapi import webhook_router
 from usp_receiver.standard_webhooks import StandardWebhooksVerifier
 from usp_schemas import PROBE_HEADER
-from usp_workers.engine.webhook_secrets import unseal
+from usp_workers.engine.webhook_secrets import WebhookSecrets, seal, unseal
 from usp_workers.operations import short_id
 from usp_workers.settings import Settings
 from usp_workers.storage.models import Subscription
@@ -194,3 +194,25 @@ def test_a_rotation_overlaps_as_the_signing_keys_do_unless_told(live: Live) -> N
             datetime.now(UTC)
         )
     assert now_signing == ([short], []), "overlap 0: the old secrets stop at once"
+
+
+def test_a_rotation_the_secrets_key_cannot_open_is_a_409_not_a_500(live: Live) -> None:
+    """The service's USP_SECRETS_KEY changed since the secrets were sealed: rotating them cannot
+    work, and says why, instead of failing inside (and nothing is written)."""
+    url, _ = live.endpoint("resealed", Answer(200))
+    created = subscribe(live, url, ["rfc9421", "standard-webhooks"])
+    other = SecretStr("another-key-" + "1" * 32)
+    with Session(live.engine) as session:
+        stored = session.get(Subscription, created["id"])
+        assert stored is not None
+        sealed = seal(WebhookSecrets.new(("rfc9421", "standard-webhooks")), other, stored.id)
+        stored.webhook_secrets = sealed
+        session.add(stored)
+        session.commit()
+    answer = httpx.post(f"{live.base}{PATH}/{created['id']}/secrets/rotate", headers=ADMIN)
+    assert (answer.status_code, answer.json()["reason"]) == (409, "secrets_unavailable")
+    assert "USP_SECRETS_KEY" in answer.json()["detail"]
+    with Session(live.engine) as session:
+        stored = session.get(Subscription, created["id"])
+        assert stored is not None
+        assert stored.webhook_secrets == sealed, "nothing written"
