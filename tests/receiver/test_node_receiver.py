@@ -118,3 +118,30 @@ def test_npm_pack_makes_a_package_a_platform_installs_and_imports(tmp_path: Path
 
 def test_standard_webhooks_against_the_spec_library() -> None:
     receiver_js_test("standard_webhooks.test.mjs")
+
+
+def test_the_event_types_and_schemas_are_generated_from_the_contract(tmp_path: Path) -> None:
+    """``receiver-js/src/generated`` is what ``npm run generate`` makes of ``schemas/json`` now;
+    and the check notices a contract that moved on (a copy of the package whose contract differs)."""
+    build_receiver_js()
+    node = shutil.which("node")
+    assert node is not None
+    script = ["scripts/generate-events.mjs", "--check"]
+    done = subprocess.run([node, *script], cwd=RECEIVER_JS, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, f"{done.stderr}: run `npm run generate` in receiver-js/ and commit"
+
+    copy = tmp_path / "repo"
+    shutil.copytree(RECEIVER_JS.parent / "schemas" / "json", copy / "schemas" / "json")
+    (copy / "receiver-js").mkdir()
+    for name in ("scripts", "src"):
+        shutil.copytree(RECEIVER_JS / name, copy / "receiver-js" / name)
+    (copy / "receiver-js" / "node_modules").symlink_to(RECEIVER_JS / "node_modules")
+    probe = json.loads((copy / "schemas" / "json" / "probe_event.json").read_text())
+    probe["properties"]["event_id"]["description"] = "a contract that moved on"
+    (copy / "schemas" / "json" / "probe_event.json").write_text(json.dumps(probe))
+    stale = subprocess.run(
+        [node, *script], cwd=copy / "receiver-js", capture_output=True, text=True, timeout=120
+    )
+    assert stale.returncode == 1
+    assert "out of date" in stale.stderr
+    assert "probe" in stale.stderr
