@@ -2,7 +2,8 @@
 (``receiver-js/test/express-app.mjs``): events verified against the business's JWKS and handled
 once, through a signing-key rotation; a tampered body refused; a captured delivery replayed inside
 the window answered as a duplicate and past it refused; a handler failure retried by the worker
-and processed; the Redis store; and ``usp-webhooks probe`` against it."""
+and processed; the Redis store; ``usp-webhooks probe`` against it; and the README's Node.js
+quick start, as written."""
 
 from __future__ import annotations
 
@@ -26,6 +27,8 @@ from sqlalchemy.engine import Engine
 from tests.dispatcher.admin.live import Live, deliveries, event_id_in, running_service, wait_until
 from tests.dispatcher.conftest import MakeSettings, Serve
 from tests.nodejs import RECEIVER_JS, build_receiver_js
+from tests.readme_blocks import block_after
+from tests.servers import free_port
 from usp_receiver import content_digest
 
 pytestmark = pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
@@ -189,3 +192,43 @@ def test_usp_webhooks_probe_passes_the_express_receiver(live: Live, node_app: No
     output = live.ok("probe", node_app.base + "/hooks", columns=160)
     assert "endpoint verifies signatures correctly" in output, output
     assert node_app.handled("/hooks") == [], "a probe is verified and acted on by nobody"
+
+
+def test_the_readme_s_node_quick_start_receives_a_delivery(live: Live, tmp_path: Path) -> None:
+    """The README's Node.js block, as written but for the business (this service's JWKS, over
+    plain http) and the port, in a folder where `npm install @usp-webhooks/receiver express`
+    would have put both packages: it prints each verified event once."""
+    build_receiver_js()
+    code = block_after("**On Node.js**", "js")
+    jwks = '"https://business.example/.well-known/usp/jwks.json"'
+    assert jwks in code
+    assert ".listen(8080)" in code
+    port = free_port()
+    code = code.replace(jwks, f'"{live.base}/.well-known/usp/jwks.json", {{ allowInsecureHttp: true }}')
+    code = code.replace(".listen(8080)", f".listen({port})")
+    (tmp_path / "receiver.mjs").write_text(code)
+    modules = tmp_path / "node_modules"
+    (modules / "@usp-webhooks").mkdir(parents=True)
+    (modules / "@usp-webhooks" / "receiver").symlink_to(RECEIVER_JS)
+    (modules / "express").symlink_to(RECEIVER_JS / "node_modules" / "express")
+    with (tmp_path / "output.log").open("w") as output:
+        process = subprocess.Popen(
+            ["node", "receiver.mjs"], cwd=tmp_path, stdout=output, stderr=subprocess.STDOUT
+        )
+    try:
+        live.subscribe(f"http://127.0.0.1:{port}/webhooks/usp")
+        first = event_id_in(live.ok("trigger", "booking.confirmed"))
+        printed = lambda: f"booking.confirmed {first} signed by" in (tmp_path / "output.log").read_text()  # noqa: E731
+        wait_until(printed, "the README's receiver printing the event", live)
+        live.ok("replay", first)
+        wait_until(
+            lambda: (
+                sum(d.event_id == first and d.status == "succeeded" for d in deliveries(live.engine)) == 2
+            ),
+            "the replay answered 2xx",
+            live,
+        )
+        assert (tmp_path / "output.log").read_text().count(first) == 1, "handled once"
+    finally:
+        process.terminate()
+        process.wait(10)
