@@ -25,6 +25,13 @@ __all__ = ["router"]
 router = APIRouter(prefix="/services/feed", tags=["feed"], dependencies=[AdminDep])
 
 
+FILTER_HELP = (
+    "only events whose JSON passes it, beside event_types: leaves {path, one of eq ne in exists lt"
+    " lte gt gte prefix} over dotted paths (data.service_id), combined with all / any / not"
+    " (docs/protocol.md, 'Payload filters'); judged when an event is emitted"
+)
+
+
 class SubscriptionIn(BaseModel):
     """A new subscription."""
 
@@ -63,6 +70,19 @@ class SubscriptionIn(BaseModel):
         description="a temporary subscription (a listener's): deleted by the scheduler once this many"
         " seconds pass without POST .../lease renewing it; none: until deleted",
     )
+    filter: dict[str, Any] | None = Field(
+        default=None,
+        description=FILTER_HELP,
+        examples=[{"all": [{"path": "data.service_id", "eq": "svc_haircut_001"}]}],
+    )
+
+
+class FilterIn(BaseModel):
+    """A subscription's new payload filter."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    filter: dict[str, Any] | None = Field(description=FILTER_HELP + "; null removes it")
 
 
 class RotateIn(BaseModel):
@@ -109,6 +129,7 @@ async def create_subscription(
         body.on_dead,
         body.lease_seconds,
         tuple(body.signatures),
+        body.filter,
     )
     checked = await feed.check_subscription(spec, settings, resolver=resolver)
     subscription = await run_in_threadpool(feed.store_subscription, session, checked)
@@ -127,6 +148,13 @@ async def list_subscriptions(
     """Subscriptions, active and disabled, oldest first."""
     page = await run_in_threadpool(feed.list_subscriptions, session, cursor=cursor, limit=limit, state=state)
     return {"items": [feed.subscription_view(s) for s in page.items], "next_cursor": page.next_cursor}
+
+
+@router.put("/subscriptions/{subscription_id}/filter")
+async def set_filter(subscription_id: str, body: FilterIn, session: SessionDep) -> dict[str, Any]:
+    """Replace the subscription's payload filter (422 invalid_filter names the part at fault)."""
+    subscription = await run_in_threadpool(feed.set_filter, session, subscription_id, body.filter)
+    return feed.subscription_view(subscription)
 
 
 @router.get("/subscriptions/{subscription_id}")

@@ -21,6 +21,7 @@ from sqlmodel import Session, col, select
 
 from usp_dispatcher.errors import Conflict, NotFound, Refused
 from usp_schemas import EVENT_TYPES
+from usp_workers.engine.filters import FilterError, compile_filter
 from usp_workers.engine.ssrf import ResolvedTarget, Resolver, TargetRefused, check_target
 from usp_workers.engine.webhook_secrets import (
     RFC9421,
@@ -95,6 +96,8 @@ class SubscriptionSpec:
     on_dead: OnDead = OnDead.BLOCK
     lease_seconds: int | None = None
     signatures: Sequence[str] = (RFC9421,)
+    #: a filter on the event's JSON (usp_workers.engine.filters), as the caller sent it
+    payload_filter: Any = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,6 +116,7 @@ class CheckedSubscription:
     #: made by the check when a Standard Webhooks scheme is asked for; sealed by add_subscription
     secrets: WebhookSecrets | None = None
     secrets_key: SecretStr | None = field(default=None, repr=False)
+    payload_filter: str | None = None  #: checked, as canonical JSON
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,6 +172,7 @@ async def check_subscription(
     if spec.lease_seconds is not None:
         _check_lease(spec.lease_seconds)
     schemes = check_signatures(spec.signatures, settings)
+    payload_filter = check_filter(spec.payload_filter)
     url = wire_url(spec.url)
     await check_url(url, settings, resolver=resolver)
     return CheckedSubscription(
@@ -181,7 +186,31 @@ async def check_subscription(
         schemes,
         WebhookSecrets.new(schemes) if schemes != (RFC9421,) else None,
         settings.secrets_key,
+        payload_filter,
     )
+
+
+def check_filter(tree: Any) -> str | None:
+    """A payload filter checked and in canonical JSON (``None``: none); :class:`Refused`
+    ``invalid_filter`` names the part at fault (``extra["where"]``, a JSON path into it)."""
+    if tree is None:
+        return None
+    try:
+        return compile_filter(tree).source
+    except FilterError as exc:
+        raise Refused("invalid_filter", str(exc), extra={"where": exc.where}) from None
+
+
+def set_filter(session: Session, subscription_id: str, tree: Any) -> Subscription:
+    """Replace a subscription's payload filter (``None`` removes it), committed; events emitted
+    from then on are judged by it."""
+    checked = check_filter(tree)
+    subscription = get_subscription(session, subscription_id)
+    subscription.payload_filter = checked
+    subscription.updated_at = utcnow()
+    session.add(subscription)
+    session.commit()
+    return subscription
 
 
 def add_subscription(session: Session, checked: CheckedSubscription) -> Subscription:
@@ -197,6 +226,7 @@ def add_subscription(session: Session, checked: CheckedSubscription) -> Subscrip
     if checked.lease_seconds is not None:
         subscription.lease_until = subscription.created_at + timedelta(seconds=checked.lease_seconds)
     subscription.signatures = json.dumps(list(checked.signatures))
+    subscription.payload_filter = checked.payload_filter
     if checked.secrets is not None:
         subscription.webhook_secrets = seal(checked.secrets, checked.secrets_key, subscription.id)
     session.add(subscription)
@@ -406,6 +436,7 @@ def subscription_view(subscription: Subscription, secrets: WebhookSecrets | None
         "disabled_reason": subscription.disabled_reason,
         "lease_until": subscription.lease_until.isoformat() if subscription.lease_until else None,
         "signatures": json.loads(subscription.signatures),
+        "filter": json.loads(subscription.payload_filter) if subscription.payload_filter else None,
         "created_at": subscription.created_at.isoformat(),
         "updated_at": subscription.updated_at.isoformat(),
     }

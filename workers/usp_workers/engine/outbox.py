@@ -8,6 +8,7 @@ hand-off"). The audience is a privacy boundary: see :func:`reaches`.
 from __future__ import annotations
 
 import fnmatch
+import functools
 import json
 import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -20,6 +21,7 @@ from sqlmodel import Session, SQLModel
 
 from usp_schemas import WebhookEvent, parse_event
 from usp_workers.engine import tracing
+from usp_workers.engine.filters import Filter, parse_filter
 from usp_workers.engine.ordering import subject_of
 from usp_workers.storage.models import (
     Delivery,
@@ -39,7 +41,9 @@ __all__ = [
     "event_matches",
     "new_delivery_row",
     "reaches",
+    "refusal",
     "set_enqueuer",
+    "stored_filter",
     "subject_id_of",
 ]
 
@@ -73,6 +77,7 @@ _ACTIVE_SUBSCRIPTIONS = sa.select(
     _subscriptions.c.event_types,
     _subscriptions.c.platform_profile,
     _subscriptions.c.ordering,
+    _subscriptions.c.payload_filter,
 ).where(_subscriptions.c.state == SubscriptionState.ACTIVE.value)
 
 
@@ -141,6 +146,7 @@ def _emit(
     session.add(record)
     session.info.setdefault(_NOTIFY_KEY, []).append((record.event_type, audience))
     rows = []
+    body: dict[str, Any] | None = None  # the event as JSON, parsed once if a filter asks
     for subscription in subscriptions:
         if not (
             (to is None or subscription.id == to)
@@ -148,6 +154,11 @@ def _emit(
             and event_matches(model.event, subscription.patterns)
         ):
             continue
+        if subscription.filter is not None:
+            if body is None:
+                body = json.loads(payload)
+            if not subscription.filter.matches(body):
+                continue
         subject = subject_of(subscription.ordering, record.subject_id, now, record.id)
         rows.append(
             new_delivery_row(new_id("dlv"), record.id, subscription.id, now, enqueued_at=now, subject=subject)
@@ -213,6 +224,39 @@ def event_matches(event_type: str, patterns: Iterable[str]) -> bool:
     return any(pattern == "*" or fnmatch.fnmatchcase(event_type, pattern) for pattern in patterns)
 
 
+def stored_filter(text: str | None) -> Filter | None:
+    """A subscription's saved filter, compiled once per text (checked when it was saved)."""
+    return None if text is None else _compiled(text)
+
+
+@functools.lru_cache(maxsize=1024)
+def _compiled(text: str) -> Filter | None:
+    return parse_filter(text)
+
+
+def refusal(
+    event_type: str,
+    audience: str | None,
+    payload: str,
+    *,
+    event_types: str,
+    platform_profile: str | None,
+    payload_filter: str | None,
+) -> str | None:
+    """Why a subscription (its stored ``event_types``, profile and filter) does not take an
+    event, in a sentence; ``None`` when it does. What :func:`emit` decides, for replays, back-fills
+    and the console's account of an event."""
+    if not event_matches(event_type, json.loads(event_types)):
+        return f"not subscribed to {event_type}"
+    if not reaches(platform_profile, audience):
+        return "the event is not for this subscription's platform"
+    compiled = stored_filter(payload_filter)
+    if compiled is None:
+        return None
+    judged = compiled.judge(json.loads(payload))
+    return None if judged.passed else f"its filter: {judged.why}"
+
+
 def subject_id_of(event: WebhookEvent) -> str | None:
     """The id of the object the event is about (booking, service, waitlist entry; for content:
     entitlement, subscription, post, publication)."""
@@ -270,6 +314,7 @@ class _ActiveSubscription(NamedTuple):
     patterns: list[str]
     platform_profile: str | None
     ordering: str
+    filter: Filter | None
 
 
 def _active_subscriptions(session: Session) -> list[_ActiveSubscription]:
@@ -290,8 +335,8 @@ def _active_subscriptions(session: Session) -> list[_ActiveSubscription]:
         session.flush()  # what an ORM query would do first: a subscription just added is seen
     rows = session.connection().execute(_ACTIVE_SUBSCRIPTIONS).all()
     subscriptions = [
-        _ActiveSubscription(subscription_id, json.loads(patterns), profile, ordering)
-        for subscription_id, patterns, profile, ordering in rows
+        _ActiveSubscription(subscription_id, json.loads(patterns), profile, ordering, stored_filter(text))
+        for subscription_id, patterns, profile, ordering, text in rows
     ]
     session.info[_SUBSCRIPTIONS_KEY] = subscriptions
     return subscriptions

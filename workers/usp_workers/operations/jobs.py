@@ -16,7 +16,7 @@ from sqlmodel import Session
 
 from usp_workers.engine.health import NOTICE_DISABLED, NOTICE_ENABLED
 from usp_workers.engine.ordering import subject_of
-from usp_workers.engine.outbox import Enqueue, event_matches, new_delivery_row
+from usp_workers.engine.outbox import Enqueue, event_matches, new_delivery_row, stored_filter
 from usp_workers.operations.errors import Conflict, NotFound
 from usp_workers.operations.query import (
     _check_range,
@@ -351,9 +351,13 @@ def _backfill_batch(
     statement = _missed_events(s, subscription, params).order_by(_events.c.id).limit(limit)
     if after is not None:
         statement = statement.where(_events.c.id > after)
+    compiled = stored_filter(subscription.payload_filter)
+    if compiled is not None:
+        statement = statement.add_columns(_events.c.payload)
     rows = s.connection().execute(statement).all()
     if not rows:
         return None
+    taken = rows if compiled is None else [row for row in rows if compiled.matches(json.loads(row.payload))]
     fresh = [
         new_delivery_row(
             new_id("dlv"),
@@ -363,14 +367,15 @@ def _backfill_batch(
             enqueued_at=enqueued_at,
             subject=subject_of(subscription.ordering, row.subject_id, row.created_at, row.id),
         )
-        for row in rows
+        for row in taken
     ]
-    s.connection().execute(sa.insert(_deliveries), fresh)
+    if fresh:
+        s.connection().execute(sa.insert(_deliveries), fresh)
     return _Step(
         handed=[str(row["id"]) for row in fresh],
         cursor=_BACKFILL_CURSOR + rows[-1].id,
         processed=len(rows),
-        backfilled=len(rows),
+        backfilled=len(fresh),
     )
 
 
@@ -410,7 +415,8 @@ def _disabled_spans(
 
 def _missed_events(s: Session, subscription: Subscription, params: dict[str, Any]) -> sa.Select[Any]:
     """The events of the job's range, accepted while ``subscription`` was disabled before the job
-    started, that it matches (types, audience) and has no delivery of."""
+    started, that it matches (types, audience; its filter is applied to them afterwards) and has
+    no delivery of."""
     since, until = _moment(params["since"]), _moment(params["until"])
     before = _moment(params["backfill_before"])
     assert before is not None

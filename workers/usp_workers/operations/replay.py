@@ -9,7 +9,7 @@ import sqlalchemy as sa
 from sqlmodel import Session
 
 from usp_workers.engine.ordering import subject_of
-from usp_workers.engine.outbox import _enqueue_after_commit, event_matches, new_delivery_row, reaches
+from usp_workers.engine.outbox import _enqueue_after_commit, event_matches, new_delivery_row, reaches, refusal
 from usp_workers.operations.errors import Conflict, NotFound
 from usp_workers.operations.query import _deliveries, _subscription, _subscriptions
 from usp_workers.operations.views import Clock, Replayed
@@ -50,6 +50,7 @@ def replay_event(
                 _subscriptions.c.event_types,
                 _subscriptions.c.platform_profile,
                 _subscriptions.c.ordering,
+                _subscriptions.c.payload_filter,
             )
             .where(_subscriptions.c.state == SubscriptionState.ACTIVE.value)
             .order_by(_subscriptions.c.id)
@@ -57,8 +58,15 @@ def replay_event(
         targets = [
             (row.id, row.ordering)
             for row in rows
-            if event_matches(record.event_type, json.loads(row.event_types))
-            and reaches(row.platform_profile, record.audience)
+            if refusal(
+                record.event_type,
+                record.audience,
+                record.payload,
+                event_types=row.event_types,
+                platform_profile=row.platform_profile,
+                payload_filter=row.payload_filter,
+            )
+            is None
         ]
     moment = now()
     created = [(new_id("dlv"), target) for target, _ in targets]
@@ -124,4 +132,16 @@ def _check_target(subscription: Subscription, record: EventRecord) -> None:
         raise Conflict(
             "audience_mismatch",
             f"event {record.id} is not for subscription {subscription.id!r}'s platform",
+        )
+    why = refusal(
+        record.event_type,
+        record.audience,
+        record.payload,
+        event_types=subscription.event_types,
+        platform_profile=subscription.platform_profile,
+        payload_filter=subscription.payload_filter,
+    )
+    if why is not None:
+        raise Conflict(
+            "filtered_out", f"subscription {subscription.id!r} does not take event {record.id}: {why}"
         )

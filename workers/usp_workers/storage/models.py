@@ -217,6 +217,11 @@ class Subscription(SQLModel, table=True):
         index=True,
         description="a leased subscription (a listener's) is deleted once this passes unrenewed",
     )
+    payload_filter: str | None = Field(
+        default=None,
+        sa_type=sa.Text,
+        description="JSON filter on the event's body beside its types (usp_workers.engine.filters)",
+    )
     created_at: datetime = Field(default_factory=utcnow, sa_type=UtcDateTime)
     updated_at: datetime = Field(default_factory=utcnow, sa_type=UtcDateTime)
 
