@@ -179,11 +179,13 @@ async def _event_page(
 ) -> Response:
     try:
         detail = await call(operations.event_detail, db, event_id)
+        matching = await call(operations.event_matching, db, event_id)
     except operations.NotFound as exc:
         return render(request, "missing.html", {"console": console, "problem": exc.detail}, status_code=404)
     context = {
         "console": console,
         "detail": detail,
+        "matching": matching,
         "timeline": _timeline(detail),
         "payload": json.dumps(detail.payload, indent=2, ensure_ascii=False),
         "unsettled": any(d.status in UNSETTLED for d in detail.deliveries),
@@ -345,22 +347,37 @@ async def create_subscription(
     transport: Annotated[Transport, Form()] = Transport.REST,
     event_types: Annotated[str, Form(max_length=2048)] = "*",
     signatures: Annotated[list[str] | None, Form(max_length=64)] = None,
+    payload_filter: Annotated[str, Form(alias="filter", max_length=8192)] = "",
 ) -> Response:
     """A subscription of the business's own, checked as the REST API checks one; a Standard
     Webhooks secret it asked for is shown on its page this once."""
     patterns = [p.strip() for p in event_types.replace(",", " ").split() if p.strip()] or ["*"]
-    spec = feed.SubscriptionSpec(url.strip(), transport, patterns, signatures=(RFC9421, *(signatures or ())))
+    asked = {"url": url, "transport": transport.value, "event_types": event_types, "filter": payload_filter}
     try:
+        tree = _filter_tree(payload_filter)
+        spec = feed.SubscriptionSpec(
+            url.strip(), transport, patterns, signatures=(RFC9421, *(signatures or ())), payload_filter=tree
+        )
         checked = await feed.check_subscription(spec, settings)
         created = await call(feed.store_subscription, db, checked)
     except (Refused, Conflict) as exc:
         page = await call(operations.list_subscriptions, db, state=None, cursor=None, limit=50)
         context = {"console": console, "page": page, "state": "", "next_query": None, "problem": exc.detail}
-        context["asked"] = {"url": url, "transport": transport.value, "event_types": event_types}
+        context["asked"] = asked
         return render(request, "subscriptions.html", context, status_code=422)
     return await _subscription_page(
         request, db, console, created.id, new_secrets=checked.secrets, created=True
     )
+
+
+def _filter_tree(text: str) -> Any:
+    """The filter typed into a form, as JSON (``None`` when blank)."""
+    if not text.strip():
+        return None
+    try:
+        return json.loads(text)
+    except ValueError as exc:
+        raise Refused("invalid_filter", f"the filter is not JSON: {exc}") from None
 
 
 @router.get("/subscriptions/{subscription_id}", response_class=HTMLResponse)

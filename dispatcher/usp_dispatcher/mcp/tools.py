@@ -214,6 +214,11 @@ class SubscriptionArguments(_Strict):
         description="rfc9421 (always), and standard-webhooks (its whsec_ secret is in this answer, once)"
         " and/or standard-webhooks-v1a (its whpk_ public key is in this answer)",
     )
+    filter: dict[str, Any] | None = Field(
+        default=None,
+        description="only events whose JSON passes it: leaves {path, one of eq ne in exists lt lte gt gte"
+        " prefix} over dotted paths (data.service_id), combined with all / any / not",
+    )
 
 
 class SubscriptionPage(_Strict):
@@ -392,6 +397,7 @@ async def feed_subscriptions_create(call: ToolCall, args: SubscriptionArguments)
         args.ordering,
         args.on_dead,
         signatures=tuple(args.signatures),
+        payload_filter=args.filter,
     )
     try:
         checked = await feed.check_subscription(spec, call.settings, resolver=call.resolver)

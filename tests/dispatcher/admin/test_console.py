@@ -446,3 +446,52 @@ def test_a_subscription_is_created_from_the_console_with_standard_webhooks(live:
     assert Webhook(secret).verify(seen.body, seen.headers)["event_id"] == event_id
     page.goto(f"/console/subscriptions/{subscription_id}")
     assert "whsec_" not in page.content(), "shown once"
+
+
+def test_a_payload_filter_from_the_cli_and_the_console_and_why_an_event_did_not_match(
+    live: Live, page: Page
+) -> None:
+    """``subscriptions create --filter`` takes only the service's bookings: the other service's
+    booking gets no delivery, and its console page says which subscription took it and why the
+    filtered one did not; the console's form refuses a filter that is not JSON, keeping it."""
+    url, path = live.endpoint("haircuts", Answer(200))
+    haircuts = '{"path": "data.service_id", "eq": "svc_haircut_001"}'
+    made = live.ok("subscriptions", "create", url, "--event-type", "booking.*", "--filter", haircuts)
+    subscription_id = made.split(":")[0]
+    assert 'filter: {"eq": "svc_haircut_001", "path": "data.service_id"}' in made
+
+    def booking(service_id: str, booking_id: str) -> str:
+        body = json.loads(sample_event("booking.confirmed"))
+        body["booking_id"] = body["data"]["id"] = booking_id
+        body["service_id"] = body["data"]["service_id"] = service_id
+        response = httpx.post(live.base + "/events", json=body, headers=ADMIN)
+        assert response.status_code == 202, response.text
+        return str(response.json()["event_id"])
+
+    massage = booking("svc_massage_002", "bkg_massage")
+    haircut = booking("svc_haircut_001", "bkg_haircut")
+    wait_until(lambda: len(live.hub.seen(path)) == 1, "the haircut's delivery", live)
+    assert json.loads(live.hub.seen(path)[0].body)["event_id"] == haircut
+    assert not [d for d in deliveries(live.engine) if d.event_id == massage]
+
+    log_in(page)
+    page.goto(f"/console/events/{massage}")
+    row = page.locator(f"table.matching tr[data-subscription={subscription_id}]")
+    expect(row.locator(".why")).to_have_text(
+        'no: its filter: data.service_id eq "svc_haircut_001" (found "svc_massage_002")'
+    )
+    page.goto(f"/console/events/{haircut}")
+    expect(page.locator(f"table.matching tr[data-subscription={subscription_id}] .why")).to_have_text("yes")
+    page.goto(f"/console/subscriptions/{subscription_id}")
+    expect(page.locator("dd.filter code")).to_have_text('{"eq":"svc_haircut_001","path":"data.service_id"}')
+
+    page.goto("/console/subscriptions")
+    page.click("summary:has-text('New subscription')")
+    page.fill("input[name=url]", url)
+    page.fill("textarea[name=filter]", '{"path": "data.service_id", "eq": ')
+    page.click("button:has-text('Create')")
+    expect(page.get_by_role("alert")).to_contain_text("the filter is not JSON")
+    expect(page.locator("textarea[name=filter]")).to_have_value('{"path": "data.service_id", "eq": ')
+    page.fill("textarea[name=filter]", '{"path": "data.service_id", "prefix": "svc_massage"}')
+    page.click("button:has-text('Create')")
+    expect(page.locator("dd.filter code")).to_have_text('{"path":"data.service_id","prefix":"svc_massage"}')

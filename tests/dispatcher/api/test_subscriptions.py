@@ -249,3 +249,36 @@ def test_a_leased_subscription_is_renewed_and_lapses_when_it_is_not(
     for seconds in (0, 9, 86_401):
         too = client.post(PATH, json={"url": HOOK, "lease_seconds": seconds}, headers=ADMIN)
         assert_problem(too, 422, "invalid_request")
+
+
+def test_a_payload_filter_is_checked_saved_shown_and_replaced(client: TestClient) -> None:
+    haircuts = {
+        "all": [{"path": "data.service_id", "eq": "svc_haircut_001"}, {"path": "data.state", "ne": "x"}]
+    }
+    created = subscribe(client, HOOK, ["booking.*"], filter=haircuts)
+    assert created["filter"] == haircuts
+    assert client.get(f"{PATH}/{created['id']}", headers=ADMIN).json()["filter"] == haircuts
+    assert subscribe(client, HOOK)["filter"] is None
+
+    bad = client.post(
+        PATH, json={"url": HOOK, "filter": {"any": [{"path": "data.x", "matches": "a+"}]}}, headers=ADMIN
+    )
+    assert_problem(bad, 422, "invalid_filter")
+    assert bad.json()["where"] == "$.any[0]"
+    assert "'matches'" in bad.json()["detail"]
+
+    replaced = client.put(
+        f"{PATH}/{created['id']}/filter",
+        json={"filter": {"path": "data.price.amount", "gte": 50}},
+        headers=ADMIN,
+    )
+    assert replaced.status_code == 200, replaced.text
+    assert replaced.json()["filter"] == {"path": "data.price.amount", "gte": 50}
+    refused = client.put(
+        f"{PATH}/{created['id']}/filter", json={"filter": {"path": "a..b", "eq": 1}}, headers=ADMIN
+    )
+    assert_problem(refused, 422, "invalid_filter")
+    removed = client.put(f"{PATH}/{created['id']}/filter", json={"filter": None}, headers=ADMIN)
+    assert removed.json()["filter"] is None
+    missing = client.put(f"{PATH}/sub_nope/filter", json={"filter": None}, headers=ADMIN)
+    assert_problem(missing, 404, "subscription_not_found")

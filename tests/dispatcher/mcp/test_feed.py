@@ -4,6 +4,7 @@ subscriptions a listing shows (one filter, :func:`usp_dispatcher.webhooks.feed.l
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 
@@ -249,3 +250,24 @@ async def test_a_platform_asks_for_standard_webhooks_and_sees_the_secret_once(
     assert created["webhook_secret"] not in stored.webhook_secrets, "sealed, not in the clear"
     opened = unseal(stored.webhook_secrets, sealed_settings.secrets_key, stored.id)
     assert opened.secret == created["webhook_secret"]
+
+
+async def test_a_platform_subscribes_with_a_payload_filter(
+    mcp_engine: Engine, make_settings: MakeSettings, acme_key: str
+) -> None:
+    """The tool takes ``filter`` as REST does; a bad one is invalid params naming the part."""
+    haircuts = {"path": "data.service_id", "eq": "svc_haircut_001"}
+    async with connect(mcp_engine, make_settings()) as client:
+        created = await ok(
+            client, "usp_feed_subscriptions_create", {"url": HOOK, "filter": haircuts, **usp(key=acme_key)}
+        )
+        await refused(
+            client,
+            "usp_feed_subscriptions_create",
+            {"url": HOOK, "filter": {"path": "data.service_id", "like": "svc%"}, **usp(key=acme_key)},
+            -32602,
+        )
+    assert created["subscription"]["filter"] == haircuts
+    ((stored),) = _subscriptions(mcp_engine)
+    assert stored.payload_filter is not None
+    assert json.loads(stored.payload_filter) == haircuts

@@ -19,6 +19,7 @@ from usp_workers.operations.jobs import (
 from usp_workers.operations.listing import (
     dead_letter,
     event_detail,
+    event_matching,
     list_events,
     list_notices,
     list_subscriptions,
@@ -92,6 +93,7 @@ __all__ = [
     "decode_cursor",
     "encode_cursor",
     "event_detail",
+    "event_matching",
     "find_ids",
     "get_job",
     "lapse_leases",

@@ -11,6 +11,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlmodel import Session, col, select
 
+from usp_workers.engine.outbox import refusal
 from usp_workers.operations.errors import InvalidRequest, NotFound
 from usp_workers.operations.query import (
     _attempts_of,
@@ -35,6 +36,7 @@ from usp_workers.operations.views import (
     EventDetail,
     EventFilter,
     EventSummary,
+    Matching,
     NoticeView,
     Page,
     SubscriptionHealth,
@@ -102,6 +104,44 @@ def _event_position(position: str) -> tuple[datetime, str]:
     if not event_id or moment.tzinfo is None:
         raise InvalidRequest("invalid_cursor", "the cursor is not one this service issued")
     return moment, event_id
+
+
+#: Subscriptions :func:`event_matching` accounts for, at most (the oldest first).
+MATCHING_LIMIT = 200
+
+
+def event_matching(session: Session, event_id: str) -> list[Matching]:
+    """Which subscriptions take the event and, for each that does not, why: judged by its types,
+    audience and filter as they stand now (:func:`usp_workers.engine.outbox.refusal`), or its state."""
+    record = session.get(EventRecord, event_id)
+    if record is None:
+        raise NotFound("event_not_found", f"no event {event_id!r}")
+    rows = session.connection().execute(
+        sa.select(
+            _subscriptions.c.id,
+            _subscriptions.c.url,
+            _subscriptions.c.state,
+            _subscriptions.c.event_types,
+            _subscriptions.c.platform_profile,
+            _subscriptions.c.payload_filter,
+        )
+        .order_by(_subscriptions.c.id)
+        .limit(MATCHING_LIMIT)
+    )
+    matching = []
+    for row in rows:
+        why = refusal(
+            record.event_type,
+            record.audience,
+            record.payload,
+            event_types=row.event_types,
+            platform_profile=row.platform_profile,
+            payload_filter=row.payload_filter,
+        )
+        if why is None and row.state != SubscriptionState.ACTIVE.value:
+            why = f"it is {row.state}"
+        matching.append(Matching(row.id, row.url, why))
+    return matching
 
 
 def event_detail(session: Session, event_id: str) -> EventDetail:

@@ -197,6 +197,7 @@ def _health(
                 ordering=Ordering(s.ordering).value,
                 on_dead=OnDead(s.on_dead).value,
                 signatures=tuple(json.loads(s.signatures)),
+                payload_filter=s.payload_filter,
             )
         )
     return items

@@ -115,6 +115,16 @@ class EventDetail:
 
 
 @dataclass(frozen=True, slots=True)
+class Matching:
+    """Whether a subscription took an event when it was emitted (or would now): ``why_not`` says
+    what kept it out (its types, its platform, its filter, its state), ``None`` when it took it."""
+
+    subscription_id: str
+    url: str
+    why_not: str | None
+
+
+@dataclass(frozen=True, slots=True)
 class Replayed:
     """The deliveries a replay created: ``(delivery id, subscription id)``."""
 
@@ -150,6 +160,8 @@ class SubscriptionHealth:
     on_dead: str
     #: the schemes every delivery is signed with (``rfc9421``, ``standard-webhooks``, ...)
     signatures: tuple[str, ...] = ("rfc9421",)
+    #: its payload filter, as saved (canonical JSON), or ``None``
+    payload_filter: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
