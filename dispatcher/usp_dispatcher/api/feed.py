@@ -75,6 +75,32 @@ class SubscriptionIn(BaseModel):
         description=FILTER_HELP,
         examples=[{"all": [{"path": "data.service_id", "eq": "svc_haircut_001"}]}],
     )
+    headers: list[HeaderIn] = Field(
+        default_factory=list,
+        max_length=16,
+        description="headers of its own on every delivery (a tenant id, a gateway key); a secret one is"
+        " sealed at rest and shown masked",
+    )
+    sign_headers: bool = Field(default=False, description="cover those headers with the RFC 9421 signature")
+
+
+class HeaderIn(BaseModel):
+    """One header of the subscription's own."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(max_length=64, description="a header name; the protocol's own are refused")
+    value: str = Field(max_length=2048)
+    secret: bool = Field(default=False, description="sealed at rest, masked in every view and log")
+
+
+class HeadersIn(BaseModel):
+    """A subscription's new headers (replacing all of them)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    headers: list[HeaderIn] = Field(default_factory=list, max_length=16)
+    signed: bool = Field(default=False, description="cover them with the RFC 9421 signature")
 
 
 class FilterIn(BaseModel):
@@ -130,6 +156,8 @@ async def create_subscription(
         body.lease_seconds,
         tuple(body.signatures),
         body.filter,
+        [h.model_dump() for h in body.headers],
+        body.sign_headers,
     )
     checked = await feed.check_subscription(spec, settings, resolver=resolver)
     subscription = await run_in_threadpool(feed.store_subscription, session, checked)
@@ -154,6 +182,19 @@ async def list_subscriptions(
 async def set_filter(subscription_id: str, body: FilterIn, session: SessionDep) -> dict[str, Any]:
     """Replace the subscription's payload filter (422 invalid_filter names the part at fault)."""
     subscription = await run_in_threadpool(feed.set_filter, session, subscription_id, body.filter)
+    return feed.subscription_view(subscription)
+
+
+@router.put("/subscriptions/{subscription_id}/headers")
+async def set_headers(
+    subscription_id: str, body: HeadersIn, session: SessionDep, settings: SettingsDep
+) -> dict[str, Any]:
+    """Replace the subscription's own headers (an empty list removes them; 422 invalid_header
+    names the one at fault)."""
+    items = [h.model_dump() for h in body.headers]
+    subscription = await run_in_threadpool(
+        feed.set_headers, session, subscription_id, items, body.signed, settings
+    )
     return feed.subscription_view(subscription)
 
 

@@ -526,9 +526,16 @@ def subscriptions_create(
     ] = None,
     signatures: Annotated[
         list[str] | None,
-        typer.Option("--signatures", help="standard-webhooks and/or standard-webhooks-v1a, beside RFC 9421."),
+        typer.Option(
+            "--signatures",
+            metavar="SCHEME",
+            help="standard-webhooks and/or standard-webhooks-v1a, beside RFC 9421; repeat.",
+        ),
     ] = None,
     jsonrpc: Annotated[bool, typer.Option("--jsonrpc", help="Send usp_webhook notifications.")] = False,
+    header: Header = None,
+    secret_header: SecretHeader = None,
+    sign_headers: SignHeaders = False,
     url: Url = DEFAULT_URL,
     token: Token = None,
     as_json: Json = False,
@@ -541,6 +548,8 @@ def subscriptions_create(
         "transport": "jsonrpc" if jsonrpc else "rest",
         "signatures": ["rfc9421", *(s for s in signatures or () if s != "rfc9421")],
         "filter": _filter_json(payload_filter),
+        "headers": _headers(header, secret_header),
+        "sign_headers": sign_headers,
     }
     with AdminClient(url, token) as api:
         created = api.call("POST", "/services/feed/subscriptions", json=body)
@@ -577,6 +586,50 @@ def subscriptions_filter(
         )
     shown = json.dumps(changed["filter"]) if changed["filter"] else "no filter: every event of its types"
     console.print(f"{changed['id']}: {shown}", markup=False, soft_wrap=True)
+
+
+@subscriptions_app.command("headers")
+def subscriptions_headers(
+    subscription_id: str,
+    header: Header = None,
+    secret_header: SecretHeader = None,
+    sign_headers: SignHeaders = False,
+    url: Url = DEFAULT_URL,
+    token: Token = None,
+) -> None:
+    """Replace a subscription's own headers (none given: remove them); a secret value is sealed
+    and shown masked from then on."""
+    body = {"headers": _headers(header, secret_header), "signed": sign_headers}
+    with AdminClient(url, token) as api:
+        changed = api.call("PUT", f"/services/feed/subscriptions/{subscription_id}/headers", json=body)
+    shown = ", ".join(f"{h['name']}: {h['value']}" for h in changed["headers"]) or "no headers of its own"
+    signed = " (signed)" if changed["sign_headers"] else ""
+    console.print(f"{changed['id']}: {shown}{signed}", markup=False, soft_wrap=True)
+
+
+Header = Annotated[
+    list[str] | None,
+    typer.Option("--header", metavar="NAME=VALUE", help="A header of its own on every delivery; repeat."),
+]
+SecretHeader = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--secret-header", metavar="NAME=VALUE", help="The same, sealed at rest and shown masked; repeat."
+    ),
+]
+SignHeaders = Annotated[
+    bool, typer.Option("--sign-headers", help="Cover those headers with the RFC 9421 signature.")
+]
+
+
+def _headers(plain: list[str] | None, secret: list[str] | None) -> list[dict[str, Any]]:
+    items = []
+    for text, is_secret in [*((t, False) for t in plain or ()), *((t, True) for t in secret or ())]:
+        name, equals, value = text.partition("=")
+        if not equals:
+            fail(f"{text.split('=')[0]!r}: give a header as NAME=VALUE", code=2)
+        items.append({"name": name.strip(), "value": value, "secret": is_secret})
+    return items
 
 
 def _filter_json(text: str | None) -> Any:

@@ -348,15 +348,30 @@ async def create_subscription(
     event_types: Annotated[str, Form(max_length=2048)] = "*",
     signatures: Annotated[list[str] | None, Form(max_length=64)] = None,
     payload_filter: Annotated[str, Form(alias="filter", max_length=8192)] = "",
+    headers: Annotated[str, Form(max_length=8192)] = "",
+    secret_headers: Annotated[str, Form(max_length=8192)] = "",
+    sign_headers: Annotated[bool, Form()] = False,
 ) -> Response:
     """A subscription of the business's own, checked as the REST API checks one; a Standard
     Webhooks secret it asked for is shown on its page this once."""
     patterns = [p.strip() for p in event_types.replace(",", " ").split() if p.strip()] or ["*"]
-    asked = {"url": url, "transport": transport.value, "event_types": event_types, "filter": payload_filter}
+    asked = {
+        "url": url,
+        "transport": transport.value,
+        "event_types": event_types,
+        "filter": payload_filter,
+        "headers": headers,
+    }
     try:
         tree = _filter_tree(payload_filter)
         spec = feed.SubscriptionSpec(
-            url.strip(), transport, patterns, signatures=(RFC9421, *(signatures or ())), payload_filter=tree
+            url.strip(),
+            transport,
+            patterns,
+            signatures=(RFC9421, *(signatures or ())),
+            payload_filter=tree,
+            headers=_header_lines(headers, secret=False) + _header_lines(secret_headers, secret=True),
+            sign_headers=sign_headers,
         )
         checked = await feed.check_subscription(spec, settings)
         created = await call(feed.store_subscription, db, checked)
@@ -368,6 +383,19 @@ async def create_subscription(
     return await _subscription_page(
         request, db, console, created.id, new_secrets=checked.secrets, created=True
     )
+
+
+def _header_lines(text: str, *, secret: bool) -> list[dict[str, Any]]:
+    """``Name: value`` lines typed into a form, as the API takes headers."""
+    items = []
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        name, colon, value = line.partition(":")
+        if not colon:
+            raise Refused("invalid_header", f"{name.strip()[:64]!r}: write a header as Name: value")
+        items.append({"name": name.strip(), "value": value.strip(), "secret": secret})
+    return items
 
 
 def _filter_tree(text: str) -> Any:

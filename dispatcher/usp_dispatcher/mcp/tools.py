@@ -219,6 +219,13 @@ class SubscriptionArguments(_Strict):
         description="only events whose JSON passes it: leaves {path, one of eq ne in exists lt lte gt gte"
         " prefix} over dotted paths (data.service_id), combined with all / any / not",
     )
+    headers: list[dict[str, Any]] = Field(
+        default_factory=list,
+        max_length=16,
+        description="headers of its own on every delivery: {name, value, secret?}; a secret value is"
+        " sealed at rest and shown masked; the protocol's headers are refused",
+    )
+    sign_headers: bool = Field(default=False, description="cover those headers with the RFC 9421 signature")
 
 
 class SubscriptionPage(_Strict):
@@ -398,6 +405,8 @@ async def feed_subscriptions_create(call: ToolCall, args: SubscriptionArguments)
         args.on_dead,
         signatures=tuple(args.signatures),
         payload_filter=args.filter,
+        headers=args.headers,
+        sign_headers=args.sign_headers,
     )
     try:
         checked = await feed.check_subscription(spec, call.settings, resolver=call.resolver)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import fnmatch
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from enum import Enum
@@ -21,6 +21,8 @@ from sqlmodel import Session, col, select
 
 from usp_dispatcher.errors import Conflict, NotFound, Refused
 from usp_schemas import EVENT_TYPES
+from usp_workers.engine.custom_headers import CustomHeaders, HeaderError, check_headers, masked
+from usp_workers.engine.custom_headers import store as store_headers
 from usp_workers.engine.filters import FilterError, compile_filter
 from usp_workers.engine.ssrf import ResolvedTarget, Resolver, TargetRefused, check_target
 from usp_workers.engine.webhook_secrets import (
@@ -98,6 +100,10 @@ class SubscriptionSpec:
     signatures: Sequence[str] = (RFC9421,)
     #: a filter on the event's JSON (usp_workers.engine.filters), as the caller sent it
     payload_filter: Any = None
+    #: headers of its own on every delivery: ``[{"name", "value", "secret"?}]``
+    headers: Sequence[Mapping[str, Any]] = ()
+    #: whether the RFC 9421 signature covers those headers
+    sign_headers: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,6 +123,7 @@ class CheckedSubscription:
     secrets: WebhookSecrets | None = None
     secrets_key: SecretStr | None = field(default=None, repr=False)
     payload_filter: str | None = None  #: checked, as canonical JSON
+    headers: CustomHeaders | None = None  #: checked; sealed by add_subscription
 
 
 @dataclass(frozen=True, slots=True)
@@ -173,6 +180,7 @@ async def check_subscription(
         _check_lease(spec.lease_seconds)
     schemes = check_signatures(spec.signatures, settings)
     payload_filter = check_filter(spec.payload_filter)
+    headers = check_custom_headers(spec.headers, spec.sign_headers, settings)
     url = wire_url(spec.url)
     await check_url(url, settings, resolver=resolver)
     return CheckedSubscription(
@@ -187,7 +195,47 @@ async def check_subscription(
         WebhookSecrets.new(schemes) if schemes != (RFC9421,) else None,
         settings.secrets_key,
         payload_filter,
+        headers,
     )
+
+
+def check_custom_headers(
+    items: Sequence[Mapping[str, Any]], signed: bool, settings: ApiSettings
+) -> CustomHeaders | None:
+    """The headers checked (``None`` when there are none); :class:`Refused` ``invalid_header``
+    names the one at fault, ``secrets_key_unset`` when a secret one cannot be sealed."""
+    try:
+        headers = check_headers(items)
+    except HeaderError as exc:
+        raise Refused("invalid_header", str(exc), extra={"where": exc.where}) from None
+    if not headers:
+        return None
+    if any(h.secret for h in headers) and settings.secrets_key is None:
+        raise Refused(
+            "secrets_key_unset",
+            "secret header values are sealed at rest: set USP_SECRETS_KEY (e.g. openssl rand -hex 32)",
+        )
+    return CustomHeaders(headers, signed)
+
+
+def set_headers(
+    session: Session,
+    subscription_id: str,
+    items: Sequence[Mapping[str, Any]],
+    signed: bool,
+    settings: ApiSettings,
+) -> Subscription:
+    """Replace a subscription's own headers (none: remove them), committed; tries from then on
+    carry them."""
+    headers = check_custom_headers(items, signed, settings)
+    subscription = get_subscription(session, subscription_id)
+    subscription.custom_headers = (
+        None if headers is None else store_headers(headers, settings.secrets_key, subscription.id)
+    )
+    subscription.updated_at = utcnow()
+    session.add(subscription)
+    session.commit()
+    return subscription
 
 
 def check_filter(tree: Any) -> str | None:
@@ -227,6 +275,8 @@ def add_subscription(session: Session, checked: CheckedSubscription) -> Subscrip
         subscription.lease_until = subscription.created_at + timedelta(seconds=checked.lease_seconds)
     subscription.signatures = json.dumps(list(checked.signatures))
     subscription.payload_filter = checked.payload_filter
+    if checked.headers is not None:
+        subscription.custom_headers = store_headers(checked.headers, checked.secrets_key, subscription.id)
     if checked.secrets is not None:
         subscription.webhook_secrets = seal(checked.secrets, checked.secrets_key, subscription.id)
     session.add(subscription)
@@ -437,6 +487,8 @@ def subscription_view(subscription: Subscription, secrets: WebhookSecrets | None
         "lease_until": subscription.lease_until.isoformat() if subscription.lease_until else None,
         "signatures": json.loads(subscription.signatures),
         "filter": json.loads(subscription.payload_filter) if subscription.payload_filter else None,
+        "headers": masked(subscription.custom_headers)["headers"],
+        "sign_headers": masked(subscription.custom_headers)["signed"],
         "created_at": subscription.created_at.isoformat(),
         "updated_at": subscription.updated_at.isoformat(),
     }

@@ -11,12 +11,13 @@ from typing import Any, Final
 from fastapi.concurrency import run_in_threadpool
 from sqlmodel import Session
 
-from usp_dispatcher.errors import TooSoon
+from usp_dispatcher.errors import Conflict, TooSoon
 from usp_dispatcher.webhooks.feed import check_url
+from usp_workers.engine import custom_headers
 from usp_workers.engine.keycache import current_signing_keys
 from usp_workers.engine.ssrf import Resolver
 from usp_workers.engine.transport import make_client
-from usp_workers.engine.webhook_secrets import unseal
+from usp_workers.engine.webhook_secrets import SecretsUnavailable, unseal
 from usp_workers.operations import probe
 from usp_workers.settings import ApiSettings
 from usp_workers.storage.models import ProbeRun, Subscription, Transport, utcnow
@@ -39,7 +40,8 @@ async def run(
     subscription: Subscription | None = None,
 ) -> ProbeRun:
     """Probe ``url`` and record the run; refusals (target refused, too soon) are problems. For a
-    ``subscription`` with Standard Webhooks signatures, the cases carry those too."""
+    ``subscription`` with Standard Webhooks signatures, the cases carry those too, and its own
+    headers (a gateway in front of the endpoint may need them)."""
     target = await check_url(url, settings, resolver=resolver, what="probe target")
     moment = time.monotonic()
     last = _last.get(url)
@@ -52,11 +54,20 @@ async def run(
     _last[url] = moment
     keys = await run_in_threadpool(current_signing_keys, session.get_bind().engine, settings)
     standard = None
-    if subscription is not None and subscription.webhook_secrets is not None:
-        sealed = unseal(subscription.webhook_secrets, settings.secrets_key, subscription.id)
-        standard = sealed.signing(utcnow())
+    extra: dict[str, str] = {}
+    try:
+        if subscription is not None and subscription.webhook_secrets is not None:
+            sealed = unseal(subscription.webhook_secrets, settings.secrets_key, subscription.id)
+            standard = sealed.signing(utcnow())
+        if subscription is not None and subscription.custom_headers is not None:
+            own = custom_headers.load(subscription.custom_headers, settings.secrets_key, subscription.id)
+            extra = own.as_dict()
+    except SecretsUnavailable as exc:
+        raise Conflict("secrets_unavailable", f"cannot probe as the subscription sends: {exc}") from None
     async with make_client(settings) as client:
-        results = await probe.probe_endpoint(client, target, keys, transport=transport, standard=standard)
+        results = await probe.probe_endpoint(
+            client, target, keys, transport=transport, standard=standard, extra=extra
+        )
     recorded = ProbeRun(
         actor=actor,
         target=url,

@@ -427,10 +427,13 @@ def test_a_subscription_is_created_from_the_console_with_standard_webhooks(live:
     url, path = live.endpoint("console-made", Answer(200))
     page.fill("input[name=url]", url)
     page.check("input[value=standard-webhooks]")
+    page.fill("textarea[name=headers]", "X-Tenant: acme")
+    page.fill("textarea[name=secret_headers]", "X-Gateway-Key: gw-7d1e")
     page.click("button:has-text('Create')")
     expect(page).to_have_url(re.compile(r"/console/subscriptions$"))
     expect(page.locator(".notice.created")).to_be_visible()
     expect(page.locator("dd.signatures")).to_have_text("rfc9421, standard-webhooks")
+    expect(page.locator("dd.headers")).to_have_text("X-Tenant: acme, X-Gateway-Key: ********")
     secret = page.locator(".new-secret code.secret").inner_text()
     assert secret.startswith("whsec_")
     subscription_id = page.locator("h1 small").inner_text()
@@ -444,8 +447,10 @@ def test_a_subscription_is_created_from_the_console_with_standard_webhooks(live:
     wait_until(lambda: len(live.hub.seen(path)) == 1, "the delivery", live)
     (seen,) = live.hub.seen(path)
     assert Webhook(secret).verify(seen.body, seen.headers)["event_id"] == event_id
+    assert (seen.headers["x-tenant"], seen.headers["x-gateway-key"]) == ("acme", "gw-7d1e")
     page.goto(f"/console/subscriptions/{subscription_id}")
     assert "whsec_" not in page.content(), "shown once"
+    assert "gw-7d1e" not in page.content(), "masked"
 
 
 def test_a_payload_filter_from_the_cli_and_the_console_and_why_an_event_did_not_match(

@@ -252,14 +252,19 @@ async def test_a_platform_asks_for_standard_webhooks_and_sees_the_secret_once(
     assert opened.secret == created["webhook_secret"]
 
 
-async def test_a_platform_subscribes_with_a_payload_filter(
+async def test_a_platform_subscribes_with_a_payload_filter_and_headers(
     mcp_engine: Engine, make_settings: MakeSettings, acme_key: str
 ) -> None:
     """The tool takes ``filter`` as REST does; a bad one is invalid params naming the part."""
     haircuts = {"path": "data.service_id", "eq": "svc_haircut_001"}
     async with connect(mcp_engine, make_settings()) as client:
-        created = await ok(
-            client, "usp_feed_subscriptions_create", {"url": HOOK, "filter": haircuts, **usp(key=acme_key)}
+        arguments = {"url": HOOK, "filter": haircuts, "headers": [{"name": "X-Tenant", "value": "acme"}]}
+        created = await ok(client, "usp_feed_subscriptions_create", {**arguments, **usp(key=acme_key)})
+        await refused(
+            client,
+            "usp_feed_subscriptions_create",
+            {"url": HOOK, "headers": [{"name": "Signature", "value": "x"}], **usp(key=acme_key)},
+            -32602,
         )
         await refused(
             client,
@@ -268,6 +273,7 @@ async def test_a_platform_subscribes_with_a_payload_filter(
             -32602,
         )
     assert created["subscription"]["filter"] == haircuts
+    assert created["subscription"]["headers"] == [{"name": "X-Tenant", "value": "acme", "secret": False}]
     ((stored),) = _subscriptions(mcp_engine)
     assert stored.payload_filter is not None
     assert json.loads(stored.payload_filter) == haircuts

@@ -24,7 +24,7 @@ from opentelemetry.trace import SpanKind, StatusCode
 from sqlalchemy.engine import Connection, Engine
 
 from usp_receiver import SigningKey
-from usp_workers.engine import health, ratelimit, tracing
+from usp_workers.engine import custom_headers, health, ratelimit, tracing
 from usp_workers.engine.background import background_runtime
 from usp_workers.engine.health import Gate, HealthPolicy, Tally
 from usp_workers.engine.keycache import current_signing_keys
@@ -630,13 +630,18 @@ class _Batch:
     ) -> TryResult:
         try:
             standard = None
-            if subscription.webhook_secrets is not None:
-                try:
+            custom = None
+            try:
+                if subscription.webhook_secrets is not None:
                     sealed = unseal(subscription.webhook_secrets, self.settings.secrets_key, subscription.id)
-                except SecretsUnavailable as exc:  # the worker's configuration, not a bug: no traceback
-                    logger.warning("delivery %s not sent: %s", delivery.id, exc)
-                    return TryResult(self.now(), 0.0, error_class="secrets_unavailable", error=str(exc))
-                standard = sealed.signing(self.now())
+                    standard = sealed.signing(self.now())
+                if subscription.custom_headers is not None:
+                    custom = custom_headers.load(
+                        subscription.custom_headers, self.settings.secrets_key, subscription.id
+                    )
+            except SecretsUnavailable as exc:  # the worker's configuration, not a bug: no traceback
+                logger.warning("delivery %s not sent: %s", delivery.id, exc)
+                return TryResult(self.now(), 0.0, error_class="secrets_unavailable", error=str(exc))
             body, headers = build_delivery_request(
                 event,
                 subscription,
@@ -645,6 +650,7 @@ class _Batch:
                 delivery_id=delivery.id,
                 bodies=self.bodies,
                 standard=standard,
+                custom=custom,
             )
         except Exception as exc:
             logger.exception("could not build delivery %s", delivery.id)

@@ -7,8 +7,9 @@ from __future__ import annotations
 
 from collections.abc import MutableMapping, Sequence
 
-from usp_receiver import SigningKey, sign_request, standard_webhooks
+from usp_receiver import PROFILE_COMPONENTS, SigningKey, sign_request, standard_webhooks
 from usp_schemas import WEBHOOK_METHOD
+from usp_workers.engine.custom_headers import CustomHeaders
 from usp_workers.storage.models import EventView, SubscriptionView, Transport
 
 __all__ = ["CONTENT_TYPE", "USER_AGENT", "BodyCache", "build_delivery_request", "encode_body"]
@@ -31,11 +32,13 @@ def build_delivery_request(
     delivery_id: str | None = None,
     bodies: BodyCache | None = None,
     standard: tuple[Sequence[str], Sequence[str]] | None = None,
+    custom: CustomHeaders | None = None,
 ) -> tuple[bytes, dict[str, str]]:
     """The body and headers of one try of ``event`` to ``subscription``, signed by ``keys``
     (newest first: ``sig1`` is the newest key) at ``created`` (Unix seconds); with ``standard``
     (``whsec_`` secrets, ``whsk_`` keys), Standard Webhooks headers too, ``webhook-id`` the
-    event's id (the same on every retry) and ``webhook-timestamp`` ``created``.
+    event's id (the same on every retry) and ``webhook-timestamp`` ``created``; with ``custom``,
+    the subscription's own headers, covered by the RFC 9421 signature when it asked for that.
 
     ``USP-Event-Id`` and ``USP-Delivery-Id`` are informational (handy in receivers' logs) and not
     covered by the signature; receivers deduplicate on the signed body's ``event_id``.
@@ -47,7 +50,13 @@ def build_delivery_request(
         if bodies is not None:
             bodies[(event.id, transport)] = body
     headers = {"Content-Type": CONTENT_TYPE}
-    headers |= sign_request("POST", subscription.url, headers, body, keys, created=created)
+    components = PROFILE_COMPONENTS
+    if custom is not None:
+        headers |= custom.as_dict()
+        components += custom.components
+    headers |= sign_request(
+        "POST", subscription.url, headers, body, keys, created=created, components=components
+    )
     if standard is not None:
         headers |= standard_webhooks.sign(
             event.id, created, body, secrets=standard[0], signing_keys=standard[1]

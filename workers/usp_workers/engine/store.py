@@ -120,6 +120,7 @@ class LoadedSubscription:
     breaker_state: BreakerState
     breaker_until: datetime | None
     webhook_secrets: str | None = None  #: sealed; set when it asked for Standard Webhooks signatures
+    custom_headers: str | None = None  #: as stored (usp_workers.engine.custom_headers)
 
 
 def claim(engine: Engine, ids: Sequence[str], *, now: datetime, lease_until: datetime) -> list[Claimed]:
@@ -168,6 +169,7 @@ def claim_and_load(
                 breaker_state=BreakerState(row.breaker_state),
                 breaker_until=row.breaker_until,
                 webhook_secrets=row.webhook_secrets,
+                custom_headers=row.custom_headers,
             )
     return claims, events, subscriptions
 
@@ -267,6 +269,7 @@ def _read(claimed: Any) -> sa.Select[Any]:
             subscriptions.breaker_state,
             subscriptions.breaker_until,
             subscriptions.webhook_secrets,
+            subscriptions.custom_headers,
         )
         .select_from(
             claimed.outerjoin(_events, events.id == claimed.c.event_id).outerjoin(

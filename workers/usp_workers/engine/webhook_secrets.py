@@ -33,7 +33,9 @@ __all__ = [
     "Signer",
     "WebhookSecrets",
     "seal",
+    "seal_bytes",
     "unseal",
+    "unseal_bytes",
 ]
 
 RFC9421 = "rfc9421"
@@ -131,20 +133,30 @@ class WebhookSecrets:
 
 def seal(secrets: WebhookSecrets, key: SecretStr | None, subscription_id: str) -> str:
     """``secrets`` encrypted for the subscription's row."""
-    nonce = os.urandom(12)
-    sealed = _aead(key).encrypt(nonce, secrets.to_json(), subscription_id.encode())
-    return _SEALED_PREFIX + base64.b64encode(nonce + sealed).decode("ascii")
+    return seal_bytes(secrets.to_json(), key, subscription_id)
 
 
 def unseal(sealed: str, key: SecretStr | None, subscription_id: str) -> WebhookSecrets:
     """What :func:`seal` sealed for this subscription; :class:`SecretsUnavailable` when the key
     is unset or not the one it was sealed with."""
+    return WebhookSecrets.from_json(unseal_bytes(sealed, key, subscription_id))
+
+
+def seal_bytes(data: bytes, key: SecretStr | None, subscription_id: str) -> str:
+    """Any secret of a subscription's (a header's value, a client certificate's key) sealed the
+    same way, bound to its row."""
+    nonce = os.urandom(12)
+    sealed = _aead(key).encrypt(nonce, data, subscription_id.encode())
+    return _SEALED_PREFIX + base64.b64encode(nonce + sealed).decode("ascii")
+
+
+def unseal_bytes(sealed: str, key: SecretStr | None, subscription_id: str) -> bytes:
+    """What :func:`seal_bytes` sealed for this subscription (:class:`SecretsUnavailable` if not)."""
     raw = base64.b64decode(sealed.removeprefix(_SEALED_PREFIX))
     try:
-        opened = _aead(key).decrypt(raw[:12], raw[12:], subscription_id.encode())
+        return _aead(key).decrypt(raw[:12], raw[12:], subscription_id.encode())
     except InvalidTag:
         raise SecretsUnavailable("USP_SECRETS_KEY does not open this subscription's secrets") from None
-    return WebhookSecrets.from_json(opened)
 
 
 def _aead(key: SecretStr | None) -> AESGCM:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Final, Literal
@@ -78,6 +78,7 @@ async def probe_endpoint(
     timeout: float = 10.0,  # noqa: ASYNC109 - per case, as send_pinned takes it
     clock: Callable[[], float] = time.time,
     standard: tuple[Sequence[str], Sequence[str]] | None = None,
+    extra: Mapping[str, str] | None = None,
 ) -> list[CaseResult]:
     """Send every case of :data:`CASES` to ``target`` (checked already), one after another, and
     judge each answer: 2xx where a verifying receiver accepts, 4xx where it refuses (a 5xx is a
@@ -87,7 +88,8 @@ async def probe_endpoint(
     carries Standard Webhooks headers that hold exactly where the case should be accepted: over
     the body before it changed (tampered), at the old or early time (stale), under another secret
     (wrong secret), and none where the case is about RFC 9421 alone; so a receiver that verifies
-    either scheme is judged by the same verdicts."""
+    either scheme is judged by the same verdicts. ``extra``: the subscription's own headers, on
+    every case as on its deliveries (outside the signature: the cases are about the profile's)."""
     if not keys:
         raise ValueError("probing needs the business's current signing key")
     valid_id = new_event_id()
@@ -95,6 +97,7 @@ async def probe_endpoint(
     for case in CASES:
         event_id = valid_id if case.name in ("valid", "duplicate") else new_event_id()
         body, headers = _request(case, target.url, keys, event_id, int(clock()), transport, standard)
+        headers = dict(extra or {}) | headers
         try:
             response = await send_pinned(
                 client,

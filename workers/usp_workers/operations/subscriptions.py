@@ -10,6 +10,7 @@ import sqlalchemy as sa
 from sqlmodel import Session
 
 from usp_workers.engine import health, ordering
+from usp_workers.engine.custom_headers import masked
 from usp_workers.engine.ordering import BlockedSubject, blocked_counts
 from usp_workers.operations.errors import Conflict, InvalidRequest, NotFound
 from usp_workers.operations.query import _attempts, _deliveries, _subscription, _subscriptions
@@ -198,6 +199,8 @@ def _health(
                 on_dead=OnDead(s.on_dead).value,
                 signatures=tuple(json.loads(s.signatures)),
                 payload_filter=s.payload_filter,
+                headers=tuple(masked(s.custom_headers)["headers"]),
+                sign_headers=masked(s.custom_headers)["signed"],
             )
         )
     return items

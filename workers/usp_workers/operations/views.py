@@ -162,6 +162,10 @@ class SubscriptionHealth:
     signatures: tuple[str, ...] = ("rfc9421",)
     #: its payload filter, as saved (canonical JSON), or ``None``
     payload_filter: str | None = None
+    #: its own headers as every view shows them, secret values masked
+    headers: tuple[dict[str, Any], ...] = ()
+    #: whether the signature covers them
+    sign_headers: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -222,6 +222,13 @@ class Subscription(SQLModel, table=True):
         sa_type=sa.Text,
         description="JSON filter on the event's body beside its types (usp_workers.engine.filters)",
     )
+    custom_headers: str | None = Field(
+        default=None,
+        sa_type=sa.Text,
+        repr=False,
+        description="headers of its own on every delivery, secret values sealed"
+        " (usp_workers.engine.custom_headers)",
+    )
     created_at: datetime = Field(default_factory=utcnow, sa_type=UtcDateTime)
     updated_at: datetime = Field(default_factory=utcnow, sa_type=UtcDateTime)
 
