@@ -82,6 +82,9 @@ class SubscriptionIn(BaseModel):
         " sealed at rest and shown masked",
     )
     sign_headers: bool = Field(default=False, description="cover those headers with the RFC 9421 signature")
+    retry_schedule: RetryScheduleIn | None = Field(
+        default=None, description="its own waits and maximum age; none: the service's (USP_RETRY_SCHEDULE)"
+    )
 
 
 class HeaderIn(BaseModel):
@@ -101,6 +104,27 @@ class HeadersIn(BaseModel):
 
     headers: list[HeaderIn] = Field(default_factory=list, max_length=16)
     signed: bool = Field(default=False, description="cover them with the RFC 9421 signature")
+
+
+class RetryScheduleIn(BaseModel):
+    """A subscription's own retry schedule."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    delays: list[float] = Field(
+        min_length=1, max_length=25, description="seconds to wait after each failed try (1 to 25 waits)"
+    )
+    max_age_seconds: float | None = Field(
+        default=None, description="no try later than this after the delivery was made (60 s to 30 days)"
+    )
+
+
+class RetryScheduleChange(BaseModel):
+    """A subscription's new retry schedule."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    retry_schedule: RetryScheduleIn | None = Field(description="null: back to the service's schedule")
 
 
 class FilterIn(BaseModel):
@@ -158,6 +182,7 @@ async def create_subscription(
         body.filter,
         [h.model_dump() for h in body.headers],
         body.sign_headers,
+        None if body.retry_schedule is None else body.retry_schedule.model_dump(),
     )
     checked = await feed.check_subscription(spec, settings, resolver=resolver)
     subscription = await run_in_threadpool(feed.store_subscription, session, checked)
@@ -195,6 +220,16 @@ async def set_headers(
     subscription = await run_in_threadpool(
         feed.set_headers, session, subscription_id, items, body.signed, settings
     )
+    return feed.subscription_view(subscription)
+
+
+@router.put("/subscriptions/{subscription_id}/retry-schedule")
+async def set_retry_schedule(
+    subscription_id: str, body: RetryScheduleChange, session: SessionDep
+) -> dict[str, Any]:
+    """Replace the subscription's own retry schedule, or go back to the service's (null)."""
+    asked = None if body.retry_schedule is None else body.retry_schedule.model_dump()
+    subscription = await run_in_threadpool(feed.set_retry_schedule, session, subscription_id, asked)
     return feed.subscription_view(subscription)
 
 

@@ -6,11 +6,10 @@ Why it works this way: docs/architecture.md, "Notes by module", ``usp_dispatcher
 from __future__ import annotations
 
 import json
-import re
 import shutil
 import time
 from collections.abc import Callable
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from typing import Annotated, Any, NoReturn
 
 import httpx
@@ -22,6 +21,7 @@ from rich.text import Text
 
 from usp_dispatcher.cli.helptext import LabelledGroup, grouped
 from usp_dispatcher.cli.output import Column, Json, add_row, age, fitted_table, print_json, short_id, table
+from usp_dispatcher.durations import parse_duration
 from usp_dispatcher.webhooks.samples import sample_event
 from usp_schemas import EVENT_TYPES
 from usp_workers.operations import SHORTENED_ID
@@ -68,8 +68,6 @@ Cursor = Annotated[str | None, typer.Option(help="Continue after this page (prin
 Wait = Annotated[bool, typer.Option("--wait/--no-wait", help="Follow the job with a progress bar.")]
 
 DEFAULT_URL = "http://127.0.0.1:8000"
-_AGE = re.compile(r"^(\d+)([smhd])$")
-_UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days"}
 #: Characters of a response excerpt shown in ``events show`` (the API has the whole excerpt).
 _EXCERPT = 80
 #: How often a followed job is polled.
@@ -536,6 +534,8 @@ def subscriptions_create(
     header: Header = None,
     secret_header: SecretHeader = None,
     sign_headers: SignHeaders = False,
+    retry_delays: RetryDelays = None,
+    max_age: MaxAge = None,
     url: Url = DEFAULT_URL,
     token: Token = None,
     as_json: Json = False,
@@ -550,6 +550,7 @@ def subscriptions_create(
         "filter": _filter_json(payload_filter),
         "headers": _headers(header, secret_header),
         "sign_headers": sign_headers,
+        "retry_schedule": _schedule(retry_delays, max_age),
     }
     with AdminClient(url, token) as api:
         created = api.call("POST", "/services/feed/subscriptions", json=body)
@@ -607,6 +608,65 @@ def subscriptions_headers(
     console.print(f"{changed['id']}: {shown}{signed}", markup=False, soft_wrap=True)
 
 
+@subscriptions_app.command("retry-schedule")
+def subscriptions_retry_schedule(
+    subscription_id: str,
+    retry_delays: RetryDelays = None,
+    max_age: MaxAge = None,
+    default: Annotated[bool, typer.Option("--default", help="Back to the service's schedule.")] = False,
+    url: Url = DEFAULT_URL,
+    token: Token = None,
+) -> None:
+    """Give a subscription its own waits between tries and a maximum age, or put it back on the
+    service's schedule (--default)."""
+    if (retry_delays is None) == (not default):
+        fail("give either --delays (and --max-age) or --default", code=2)
+    body = {"retry_schedule": None if default else _schedule(retry_delays, max_age)}
+    path = f"/services/feed/subscriptions/{subscription_id}/retry-schedule"
+    with AdminClient(url, token) as api:
+        changed = api.call("PUT", path, json=body)
+    schedule = changed["retry_schedule"]
+    if schedule is None:
+        console.print(f"{changed['id']}: the service's retry schedule", markup=False)
+        return
+    waits = ", ".join(f"{d:g}s" for d in schedule["delays"])
+    age = schedule["max_age_seconds"]
+    limit = f", no try after {age:g}s" if age is not None else ""
+    console.print(f"{changed['id']}: waits {waits}{limit}", markup=False)
+
+
+RetryDelays = Annotated[
+    str | None,
+    typer.Option(
+        "--delays", metavar="WAITS", help="Seconds to wait after each failed try, comma-separated: 5,30,300."
+    ),
+]
+MaxAge = Annotated[
+    str | None,
+    typer.Option(
+        "--max-age", metavar="AGE", help="No try later than this after the delivery was made (2h, 1d)."
+    ),
+]
+
+
+def _schedule(delays: str | None, max_age: str | None) -> dict[str, Any] | None:
+    if delays is None:
+        if max_age is not None:
+            fail("--max-age goes with --delays", code=2)
+        return None
+    try:
+        waits = [float(part) for part in delays.split(",") if part.strip()]
+    except ValueError:
+        fail(f"--delays {delays!r}: give seconds, comma-separated (5,30,300)", code=2)
+    age = None
+    if max_age is not None:
+        length = parse_duration(max_age)
+        if length is None:
+            fail(f"{max_age!r} is not a duration such as 90m, 24h or 7d", code=2)
+        age = length.total_seconds()
+    return {"delays": waits, "max_age_seconds": age}
+
+
 Header = Annotated[
     list[str] | None,
     typer.Option("--header", metavar="NAME=VALUE", help="A header of its own on every delivery; repeat."),
@@ -658,7 +718,7 @@ def subscriptions_rotate_secret(
     before the overlap ends (both secrets sign until then)."""
     asked: dict[str, int] = {}
     if overlap is not None:
-        length = _duration(overlap)
+        length = parse_duration(overlap)
         if length is None:
             fail(f"{overlap!r} is not a duration such as 90m, 24h or 7d", code=2)
         asked["overlap_seconds"] = int(length.total_seconds())
@@ -791,7 +851,7 @@ def _when(text: str | None) -> str | None:
     """An RFC 3339 moment with offset, or an age such as ``2h`` (that long before now)."""
     if text is None:
         return None
-    age = _duration(text)
+    age = parse_duration(text)
     if age is not None:
         return (datetime.now(UTC) - age).isoformat()
     try:
@@ -801,12 +861,6 @@ def _when(text: str | None) -> str | None:
     if moment.tzinfo is None:
         fail(f"{text!r} has no UTC offset: add Z or +hh:mm", code=2)
     return moment.isoformat()
-
-
-def _duration(text: str) -> timedelta | None:
-    """``90m``, ``2h``, ``7d`` (or ``30s``) as a length of time; None for anything else."""
-    age = _AGE.match(text.strip())
-    return None if age is None else timedelta(**{_UNITS[age.group(2)]: int(age.group(1))})
 
 
 def _list(

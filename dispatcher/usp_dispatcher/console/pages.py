@@ -27,6 +27,7 @@ from usp_dispatcher.console.web import (
     session_dependencies,
     utc,
 )
+from usp_dispatcher.durations import parse_duration
 from usp_dispatcher.errors import Conflict, NotFound, Refused
 from usp_dispatcher.web.deps import SessionDep, SettingsDep, get_engine
 from usp_dispatcher.web.problems import HTTPProblem
@@ -351,6 +352,8 @@ async def create_subscription(
     headers: Annotated[str, Form(max_length=8192)] = "",
     secret_headers: Annotated[str, Form(max_length=8192)] = "",
     sign_headers: Annotated[bool, Form()] = False,
+    retry_delays: Annotated[str, Form(max_length=512)] = "",
+    max_age: Annotated[str, Form(max_length=16)] = "",
 ) -> Response:
     """A subscription of the business's own, checked as the REST API checks one; a Standard
     Webhooks secret it asked for is shown on its page this once."""
@@ -361,6 +364,8 @@ async def create_subscription(
         "event_types": event_types,
         "filter": payload_filter,
         "headers": headers,
+        "retry_delays": retry_delays,
+        "max_age": max_age,
     }
     try:
         tree = _filter_tree(payload_filter)
@@ -372,6 +377,7 @@ async def create_subscription(
             payload_filter=tree,
             headers=_header_lines(headers, secret=False) + _header_lines(secret_headers, secret=True),
             sign_headers=sign_headers,
+            retry_schedule=_retry_schedule(retry_delays, max_age),
         )
         checked = await feed.check_subscription(spec, settings)
         created = await call(feed.store_subscription, db, checked)
@@ -396,6 +402,25 @@ def _header_lines(text: str, *, secret: bool) -> list[dict[str, Any]]:
             raise Refused("invalid_header", f"{name.strip()[:64]!r}: write a header as Name: value")
         items.append({"name": name.strip(), "value": value.strip(), "secret": secret})
     return items
+
+
+def _retry_schedule(delays: str, max_age: str) -> dict[str, Any] | None:
+    """The retry waits and maximum age typed into a form (``None``: the service's schedule)."""
+    if not delays.strip():
+        if max_age.strip():
+            raise Refused("invalid_retry_schedule", "a maximum age goes with retry waits")
+        return None
+    try:
+        waits = [float(part) for part in delays.replace(",", " ").split()]
+    except ValueError:
+        raise Refused("invalid_retry_schedule", f"retry waits: {delays[:80]!r} are not seconds") from None
+    age = None
+    if max_age.strip():
+        length = parse_duration(max_age)
+        if length is None:
+            raise Refused("invalid_retry_schedule", f"maximum age: {max_age!r} is not a length like 24h")
+        age = length.total_seconds()
+    return {"delays": waits, "max_age_seconds": age}
 
 
 def _filter_tree(text: str) -> Any:

@@ -226,6 +226,11 @@ class SubscriptionArguments(_Strict):
         " sealed at rest and shown masked; the protocol's headers are refused",
     )
     sign_headers: bool = Field(default=False, description="cover those headers with the RFC 9421 signature")
+    retry_schedule: dict[str, Any] | None = Field(
+        default=None,
+        description="its own {delays: [seconds after each failed try], max_age_seconds?}; none: the"
+        " service's",
+    )
 
 
 class SubscriptionPage(_Strict):
@@ -407,6 +412,7 @@ async def feed_subscriptions_create(call: ToolCall, args: SubscriptionArguments)
         payload_filter=args.filter,
         headers=args.headers,
         sign_headers=args.sign_headers,
+        retry_schedule=args.retry_schedule,
     )
     try:
         checked = await feed.check_subscription(spec, call.settings, resolver=call.resolver)

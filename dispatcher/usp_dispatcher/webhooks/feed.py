@@ -24,6 +24,7 @@ from usp_schemas import EVENT_TYPES
 from usp_workers.engine.custom_headers import CustomHeaders, HeaderError, check_headers, masked
 from usp_workers.engine.custom_headers import store as store_headers
 from usp_workers.engine.filters import FilterError, compile_filter
+from usp_workers.engine.schedule import ScheduleError, check_schedule
 from usp_workers.engine.ssrf import ResolvedTarget, Resolver, TargetRefused, check_target
 from usp_workers.engine.webhook_secrets import (
     RFC9421,
@@ -104,6 +105,8 @@ class SubscriptionSpec:
     headers: Sequence[Mapping[str, Any]] = ()
     #: whether the RFC 9421 signature covers those headers
     sign_headers: bool = False
+    #: its own ``{"delays": [...], "max_age_seconds": N}`` (none: the service's)
+    retry_schedule: Mapping[str, Any] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,6 +127,7 @@ class CheckedSubscription:
     secrets_key: SecretStr | None = field(default=None, repr=False)
     payload_filter: str | None = None  #: checked, as canonical JSON
     headers: CustomHeaders | None = None  #: checked; sealed by add_subscription
+    retry_schedule: str | None = None  #: checked, as stored
 
 
 @dataclass(frozen=True, slots=True)
@@ -181,6 +185,7 @@ async def check_subscription(
     schemes = check_signatures(spec.signatures, settings)
     payload_filter = check_filter(spec.payload_filter)
     headers = check_custom_headers(spec.headers, spec.sign_headers, settings)
+    schedule = check_retry_schedule(spec.retry_schedule)
     url = wire_url(spec.url)
     await check_url(url, settings, resolver=resolver)
     return CheckedSubscription(
@@ -196,7 +201,33 @@ async def check_subscription(
         settings.secrets_key,
         payload_filter,
         headers,
+        schedule,
     )
+
+
+def check_retry_schedule(asked: Mapping[str, Any] | None) -> str | None:
+    """A subscription's own schedule checked (``None``: the service's); :class:`Refused`
+    ``invalid_retry_schedule`` names what is out of bounds."""
+    if asked is None:
+        return None
+    try:
+        return check_schedule(list(asked.get("delays") or ()), asked.get("max_age_seconds"))
+    except ScheduleError as exc:
+        raise Refused("invalid_retry_schedule", str(exc), extra={"where": exc.where}) from None
+
+
+def set_retry_schedule(
+    session: Session, subscription_id: str, asked: Mapping[str, Any] | None
+) -> Subscription:
+    """Replace a subscription's own retry schedule (``None``: back to the service's), committed;
+    it decides every retry from its next failed try on."""
+    schedule = check_retry_schedule(asked)
+    subscription = get_subscription(session, subscription_id)
+    subscription.retry_schedule = schedule
+    subscription.updated_at = utcnow()
+    session.add(subscription)
+    session.commit()
+    return subscription
 
 
 def check_custom_headers(
@@ -275,6 +306,7 @@ def add_subscription(session: Session, checked: CheckedSubscription) -> Subscrip
         subscription.lease_until = subscription.created_at + timedelta(seconds=checked.lease_seconds)
     subscription.signatures = json.dumps(list(checked.signatures))
     subscription.payload_filter = checked.payload_filter
+    subscription.retry_schedule = checked.retry_schedule
     if checked.headers is not None:
         subscription.custom_headers = store_headers(checked.headers, checked.secrets_key, subscription.id)
     if checked.secrets is not None:
@@ -489,6 +521,7 @@ def subscription_view(subscription: Subscription, secrets: WebhookSecrets | None
         "filter": json.loads(subscription.payload_filter) if subscription.payload_filter else None,
         "headers": masked(subscription.custom_headers)["headers"],
         "sign_headers": masked(subscription.custom_headers)["signed"],
+        "retry_schedule": json.loads(subscription.retry_schedule) if subscription.retry_schedule else None,
         "created_at": subscription.created_at.isoformat(),
         "updated_at": subscription.updated_at.isoformat(),
     }

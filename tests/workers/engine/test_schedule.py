@@ -4,10 +4,17 @@ from __future__ import annotations
 
 import random
 from datetime import UTC, datetime
+from typing import Any
 
 import pytest
 
-from usp_workers.engine.schedule import RetrySchedule, parse_retry_after
+from usp_workers.engine.schedule import (
+    RetrySchedule,
+    ScheduleError,
+    check_schedule,
+    parse_retry_after,
+    subscription_schedule,
+)
 from usp_workers.engine.transport import TryResult
 from usp_workers.engine.verdict import judge
 from usp_workers.settings import DEFAULT_RETRY_SCHEDULE, Settings
@@ -145,3 +152,31 @@ def test_everything_else_is_retried_then_dead(result: TryResult, error_class: st
 
 def test_retry_after_of_a_429_reaches_the_schedule() -> None:
     assert judge(_try(429, retry_after=8), 1, SCHEDULE).delay == 8.0
+
+
+def test_a_retry_that_would_pass_the_maximum_age_is_not_scheduled() -> None:
+    result = TryResult(datetime.now(UTC), 12.0, status_code=500)
+    schedule = RetrySchedule((600.0,), jitter=0.0)
+    assert judge(result, 1, schedule, remaining=700).delay == 600
+    dead = judge(result, 1, schedule, remaining=500)
+    assert dead.status is DeliveryStatus.DEAD
+    assert "the next would pass the subscription's maximum age" in (dead.last_error or "")
+
+
+def test_a_subscription_s_own_schedule_is_checked_and_read_back() -> None:
+    stored = check_schedule([10, 60.5], 3600)
+    schedule, max_age = subscription_schedule(stored, 0.0)
+    assert (schedule.delays, schedule.max_tries, max_age) == ((10.0, 60.5), 3, 3600.0)
+    cases: list[tuple[list[Any], float | None, str]] = [
+        ([], None, "delays"),
+        ([1] * 26, None, "delays"),
+        ([True], None, "delays[0]"),
+        ([-1], None, "delays[0]"),
+        ([8 * 86400], None, "delays[0]"),
+        ([10], 59, "max_age_seconds"),
+        ([10], 31 * 86400, "max_age_seconds"),
+    ]
+    for delays, age, where in cases:
+        with pytest.raises(ScheduleError) as refused:
+            check_schedule(delays, age)
+        assert refused.value.where == where

@@ -32,7 +32,7 @@ from usp_workers.engine.ordering import successors
 from usp_workers.engine.outage import DATABASE_OUTAGE, database_unavailable
 from usp_workers.engine.outbox import Enqueue
 from usp_workers.engine.payloads import BodyCache, build_delivery_request
-from usp_workers.engine.schedule import RetrySchedule
+from usp_workers.engine.schedule import RetrySchedule, subscription_schedule
 from usp_workers.engine.ssrf import ResolvedTarget, Resolver, check_target
 from usp_workers.engine.store import (
     AttemptRow,
@@ -686,8 +686,13 @@ class _Batch:
         self, delivery: Claimed, event: LoadedEvent, subscription: LoadedSubscription, result: TryResult
     ) -> None:
         number = delivery.attempt_count + 1
-        verdict = judge(result, number, self.schedule)
         finished = self.now()
+        schedule, remaining = self.schedule, None
+        if subscription.retry_schedule is not None:
+            schedule, max_age = subscription_schedule(subscription.retry_schedule, self.settings.retry_jitter)
+            if max_age is not None and delivery.created_at is not None:
+                remaining = max_age - (finished - delivery.created_at).total_seconds()
+        verdict = judge(result, number, schedule, remaining=remaining)
         next_at = None if verdict.delay is None else finished + timedelta(seconds=verdict.delay)
         tally = self._tally(subscription.id)
         if verdict.outcome is AttemptOutcome.SUCCEEDED:

@@ -5,6 +5,8 @@ Why it works this way: docs/architecture.md, "Notes by module", ``usp_workers.en
 
 from __future__ import annotations
 
+import functools
+import json
 import random
 from collections.abc import Sequence
 from datetime import UTC, datetime
@@ -12,7 +14,24 @@ from email.utils import parsedate_to_datetime
 
 from usp_workers.settings import WorkerSettings
 
-__all__ = ["RetrySchedule", "parse_retry_after"]
+__all__ = [
+    "MAX_DELAY",
+    "MAX_DELAYS",
+    "MAX_MAX_AGE",
+    "MIN_MAX_AGE",
+    "RetrySchedule",
+    "ScheduleError",
+    "check_schedule",
+    "parse_retry_after",
+    "subscription_schedule",
+]
+
+#: A subscription's own schedule stays within these: at most 25 waits of at most 7 days each,
+#: and a maximum age (from the delivery's creation) from one minute to the 30 days events are kept.
+MAX_DELAYS = 25
+MAX_DELAY = 7 * 86_400.0
+MIN_MAX_AGE = 60.0
+MAX_MAX_AGE = 30 * 86_400.0
 
 
 class RetrySchedule:
@@ -62,6 +81,47 @@ class RetrySchedule:
         if retry_after is None:
             return scheduled
         return min(max(retry_after, scheduled), 2 * scheduled)
+
+
+class ScheduleError(ValueError):
+    """A subscription's schedule that cannot be saved; ``where`` names the part at fault."""
+
+    def __init__(self, where: str, problem: str) -> None:
+        super().__init__(f"{where}: {problem}")
+        self.where = where
+        self.problem = problem
+
+
+def check_schedule(delays: Sequence[float], max_age_seconds: float | None) -> str:
+    """A subscription's own schedule checked, as stored (canonical JSON); :class:`ScheduleError`
+    names what is out of bounds.
+
+    >>> check_schedule([10, 60, 600], 3600)
+    '{"delays":[10.0,60.0,600.0],"max_age_seconds":3600.0}'
+    """
+    if not 1 <= len(delays) <= MAX_DELAYS:
+        raise ScheduleError("delays", f"give 1 to {MAX_DELAYS} waits, in seconds")
+    for index, delay in enumerate(delays):
+        if isinstance(delay, bool) or not isinstance(delay, int | float) or not 0 < delay <= MAX_DELAY:
+            raise ScheduleError(
+                f"delays[{index}]", f"must be more than 0 and at most {MAX_DELAY:.0f} seconds"
+            )
+    if max_age_seconds is not None and (
+        isinstance(max_age_seconds, bool) or not MIN_MAX_AGE <= max_age_seconds <= MAX_MAX_AGE
+    ):
+        raise ScheduleError(
+            "max_age_seconds", f"must be from {MIN_MAX_AGE:.0f} to {MAX_MAX_AGE:.0f} seconds (30 days)"
+        )
+    age = None if max_age_seconds is None else float(max_age_seconds)
+    return json.dumps({"delays": [float(d) for d in delays], "max_age_seconds": age}, separators=(",", ":"))
+
+
+@functools.lru_cache(maxsize=1024)
+def subscription_schedule(stored: str, jitter: float) -> tuple[RetrySchedule, float | None]:
+    """A stored schedule as the worker uses it: its waits (with the service's jitter) and its
+    maximum age in seconds (``None``: only the waits bound it)."""
+    document = json.loads(stored)
+    return RetrySchedule(document["delays"], jitter), document.get("max_age_seconds")
 
 
 def parse_retry_after(value: str | None, now: datetime) -> float | None:

@@ -60,6 +60,7 @@ class Claimed:
     subscription_id: str
     attempt_count: int  #: tries made before this one
     subject_key: str | None = None  #: set under subject ordering (:mod:`usp_workers.engine.ordering`)
+    created_at: datetime | None = None  #: when the delivery was made (a maximum age counts from it)
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,6 +122,7 @@ class LoadedSubscription:
     breaker_until: datetime | None
     webhook_secrets: str | None = None  #: sealed; set when it asked for Standard Webhooks signatures
     custom_headers: str | None = None  #: as stored (usp_workers.engine.custom_headers)
+    retry_schedule: str | None = None  #: its own, as stored (usp_workers.engine.schedule)
 
 
 def claim(engine: Engine, ids: Sequence[str], *, now: datetime, lease_until: datetime) -> list[Claimed]:
@@ -153,7 +155,11 @@ def claim_and_load(
     events: dict[str, LoadedEvent] = {}
     subscriptions: dict[str, LoadedSubscription] = {}
     for row in rows:
-        claims.append(Claimed(row.id, row.event_id, row.subscription_id, row.attempt_count, row.subject_key))
+        claims.append(
+            Claimed(
+                row.id, row.event_id, row.subscription_id, row.attempt_count, row.subject_key, row.created_at
+            )
+        )
         if row.payload is not None and row.event_id not in events:  # null: the event is gone
             events[row.event_id] = LoadedEvent(row.event_id, row.correlation_id, row.payload, row.traceparent)
         if row.url is not None and row.subscription_id not in subscriptions:
@@ -170,6 +176,7 @@ def claim_and_load(
                 breaker_until=row.breaker_until,
                 webhook_secrets=row.webhook_secrets,
                 custom_headers=row.custom_headers,
+                retry_schedule=row.retry_schedule,
             )
     return claims, events, subscriptions
 
@@ -238,6 +245,7 @@ def _statements(dialect: str) -> _Statements:
             _deliveries.c.subscription_id,
             _deliveries.c.attempt_count,
             _deliveries.c.subject_key,
+            _deliveries.c.created_at,
         )
         .cte("claimed")
     )
@@ -256,6 +264,7 @@ def _read(claimed: Any) -> sa.Select[Any]:
             claimed.c.subscription_id,
             claimed.c.attempt_count,
             claimed.c.subject_key,
+            claimed.c.created_at,
             events.correlation_id,
             events.payload,
             events.traceparent,
@@ -270,6 +279,7 @@ def _read(claimed: Any) -> sa.Select[Any]:
             subscriptions.breaker_until,
             subscriptions.webhook_secrets,
             subscriptions.custom_headers,
+            subscriptions.retry_schedule,
         )
         .select_from(
             claimed.outerjoin(_events, events.id == claimed.c.event_id).outerjoin(

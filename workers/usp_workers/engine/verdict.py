@@ -29,8 +29,11 @@ class Verdict:
         return self.outcome is AttemptOutcome.DISABLED
 
 
-def judge(result: TryResult, attempt_number: int, schedule: RetrySchedule) -> Verdict:
-    """The verdict on try ``attempt_number`` (1 = the first) of a delivery.
+def judge(
+    result: TryResult, attempt_number: int, schedule: RetrySchedule, *, remaining: float | None = None
+) -> Verdict:
+    """The verdict on try ``attempt_number`` (1 = the first) of a delivery; ``remaining``: the
+    seconds left of the subscription's maximum age, which a next try must not pass.
 
     >>> from datetime import UTC, datetime
     >>> schedule = RetrySchedule((5,), jitter=0)
@@ -61,5 +64,13 @@ def judge(result: TryResult, attempt_number: int, schedule: RetrySchedule) -> Ve
             DeliveryStatus.DEAD,
             error_class,
             f"gave up after {attempt_number} tries; last: {last_error}",
+        )
+    if remaining is not None and delay > remaining:
+        return Verdict(
+            AttemptOutcome.DEAD,
+            DeliveryStatus.DEAD,
+            error_class,
+            f"gave up after {attempt_number} tries: the next would pass the subscription's maximum age;"
+            f" last: {last_error}",
         )
     return Verdict(AttemptOutcome.RETRY, DeliveryStatus.PENDING, error_class, last_error, delay)

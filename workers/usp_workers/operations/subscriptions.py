@@ -201,6 +201,7 @@ def _health(
                 payload_filter=s.payload_filter,
                 headers=tuple(masked(s.custom_headers)["headers"]),
                 sign_headers=masked(s.custom_headers)["signed"],
+                retry_schedule=json.loads(s.retry_schedule) if s.retry_schedule else None,
             )
         )
     return items

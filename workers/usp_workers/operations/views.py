@@ -166,6 +166,8 @@ class SubscriptionHealth:
     headers: tuple[dict[str, Any], ...] = ()
     #: whether the signature covers them
     sign_headers: bool = False
+    #: its own retry schedule (``{"delays", "max_age_seconds"}``), or ``None``: the service's
+    retry_schedule: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True, slots=True)

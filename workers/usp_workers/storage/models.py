@@ -229,6 +229,11 @@ class Subscription(SQLModel, table=True):
         description="headers of its own on every delivery, secret values sealed"
         " (usp_workers.engine.custom_headers)",
     )
+    retry_schedule: str | None = Field(
+        default=None,
+        sa_type=sa.Text,
+        description="its own waits and maximum age (usp_workers.engine.schedule); none: the service's",
+    )
     created_at: datetime = Field(default_factory=utcnow, sa_type=UtcDateTime)
     updated_at: datetime = Field(default_factory=utcnow, sa_type=UtcDateTime)
 
