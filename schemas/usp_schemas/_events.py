@@ -36,6 +36,7 @@ from usp_schemas._version import USP_VERSION, UspVersion
 __all__ = [
     "BOOKING_CONFIRMED_EXAMPLE",
     "EVENT_TYPES",
+    "OPERATIONAL_EVENT_TYPES",
     "AvailabilityChanged",
     "BookingCancelled",
     "BookingCompleted",
@@ -45,14 +46,21 @@ __all__ = [
     "BookingNoShow",
     "BookingRescheduled",
     "ContentEvent",
+    "DeadDelivery",
+    "DeliveryDead",
     "EntitlementEvent",
     "EntitlementGranted",
     "EntitlementRevoked",
     "EventEnvelope",
     "EventValidationError",
+    "OperationalEvent",
+    "OperationalWebhookEvent",
     "PostEvent",
     "PostPublished",
     "PostUpdated",
+    "ProbeFailed",
+    "ProbeFailure",
+    "ProbeFinding",
     "PublicationUpdated",
     "ServiceCreated",
     "ServiceDeleted",
@@ -61,7 +69,11 @@ __all__ = [
     "SubscriptionActivated",
     "SubscriptionCancelled",
     "SubscriptionCreated",
+    "SubscriptionDisabled",
     "SubscriptionEvent",
+    "SubscriptionFailing",
+    "SubscriptionNotice",
+    "SubscriptionRecovered",
     "WaitlistConverted",
     "WaitlistEvent",
     "WaitlistExpired",
@@ -368,6 +380,105 @@ class EntitlementRevoked(EntitlementEvent):
     event: Literal["content.entitlement.revoked"] = "content.entitlement.revoked"
 
 
+# -- operational events: the service's own, about its subscriptions, deliveries and probes -----
+
+
+class SubscriptionNotice(WireModel):
+    """What happened to a subscription: its ``state`` now and why (``reason``)."""
+
+    subscription_id: str = Field(pattern=r"^sub_[0-9A-Za-z_-]{1,120}$")
+    url: str = Field(description="where it delivers (credentials in it masked)")
+    state: Literal["active", "disabled"]
+    reason: str | None = Field(default=None, description="why, in words (never a secret)")
+
+
+class DeadDelivery(WireModel):
+    """A delivery that used up its schedule: the event it carried, where, how many tries, why."""
+
+    delivery_id: str = Field(pattern=r"^dlv_[0-9A-Za-z_-]{1,120}$")
+    event_id: EventId
+    event_type: str
+    subscription_id: str = Field(pattern=r"^sub_[0-9A-Za-z_-]{1,120}$")
+    url: str
+    attempts: int = Field(ge=0)
+    last_error: str | None = None
+
+
+class ProbeFinding(WireModel):
+    """One probe case that went wrong, and what its answer means."""
+
+    case: str
+    finding: str
+
+
+class ProbeFailure(WireModel):
+    """A ``usp-webhooks probe`` run that found problems: the target and what went wrong."""
+
+    probe_id: str
+    target: str
+    transport: str
+    problems: int = Field(ge=1)
+    findings: list[ProbeFinding]
+
+
+class OperationalEvent(EventEnvelope):
+    """Base of the service's own events (operational webhooks): sent only to the business's own
+    subscriptions that name them (``"*"`` does not), through the same pipeline, signed the same way.
+    ``subscription_id`` is the subscription the event is about, when there is one."""
+
+    subscription_id: str | None = Field(default=None, pattern=r"^sub_[0-9A-Za-z_-]{1,120}$")
+
+
+class SubscriptionDisabled(OperationalEvent):
+    """A subscription was disabled: by a 410, by failing too long, by an operator, a lapsed lease."""
+
+    event: Literal["subscription.disabled"] = "subscription.disabled"
+    data: SubscriptionNotice
+
+
+class SubscriptionFailing(OperationalEvent):
+    """A subscription's endpoint keeps failing: its breaker opened (or re-opened after a probe)."""
+
+    event: Literal["subscription.failing"] = "subscription.failing"
+    data: SubscriptionNotice
+
+
+class SubscriptionRecovered(OperationalEvent):
+    """A failing subscription's endpoint answers again: its breaker closed."""
+
+    event: Literal["subscription.recovered"] = "subscription.recovered"
+    data: SubscriptionNotice
+
+
+class DeliveryDead(OperationalEvent):
+    """A delivery went dead: it waits in the dead letter for a redrive."""
+
+    event: Literal["delivery.dead"] = "delivery.dead"
+    data: DeadDelivery
+
+
+class ProbeFailed(OperationalEvent):
+    """A probe found that an endpoint does not verify what it receives as it should."""
+
+    event: Literal["probe.failed"] = "probe.failed"
+    data: ProbeFailure
+
+
+#: The operational events' ``event`` values.
+OPERATIONAL_EVENT_TYPES: tuple[str, ...] = (
+    "subscription.disabled",
+    "subscription.failing",
+    "subscription.recovered",
+    "delivery.dead",
+    "probe.failed",
+)
+#: Any operational event, discriminated on ``event``.
+OperationalWebhookEvent: TypeAlias = Annotated[
+    SubscriptionDisabled | SubscriptionFailing | SubscriptionRecovered | DeliveryDead | ProbeFailed,
+    Field(discriminator="event"),
+]
+
+
 #: Any USP webhook event, discriminated on ``event`` so ``data`` is typed. Use with
 #: ``pydantic.TypeAdapter`` or as a field type; ``parse_event`` is the short way.
 WebhookEvent: TypeAlias = Annotated[
@@ -393,14 +504,24 @@ WebhookEvent: TypeAlias = Annotated[
     | SubscriptionActivated
     | SubscriptionCancelled
     | EntitlementGranted
-    | EntitlementRevoked,
+    | EntitlementRevoked
+    | SubscriptionDisabled
+    | SubscriptionFailing
+    | SubscriptionRecovered
+    | DeliveryDead
+    | ProbeFailed,
     Field(discriminator="event"),
 ]
 
 _EVENT_MODELS: tuple[type[EventEnvelope], ...] = get_args(get_args(WebhookEvent)[0])
 
-#: Every ``event`` value this contract knows, in the order of the documentation.
-EVENT_TYPES: tuple[str, ...] = tuple(model.model_fields["event"].default for model in _EVENT_MODELS)
+#: Every USP and UCAP ``event`` value, in the order of the documentation; the service's own
+#: operational events are :data:`OPERATIONAL_EVENT_TYPES`.
+EVENT_TYPES: tuple[str, ...] = tuple(
+    model.model_fields["event"].default
+    for model in _EVENT_MODELS
+    if model.model_fields["event"].default not in OPERATIONAL_EVENT_TYPES
+)
 
 _EVENT_ADAPTER: TypeAdapter[WebhookEvent] = TypeAdapter(WebhookEvent)
 

@@ -15,7 +15,7 @@ from typing import Any
 from pydantic import BaseModel, TypeAdapter
 
 from usp_schemas._content import ContentSubscription, Entitlement, Post, Publication
-from usp_schemas._events import WebhookEvent
+from usp_schemas._events import OperationalWebhookEvent, WebhookEvent
 from usp_schemas._jsonrpc import WebhookNotification
 from usp_schemas._mcp import ToolResult
 from usp_schemas._payloads import Booking, Message, Service, Slot, WaitlistEntry
@@ -51,6 +51,7 @@ def render_schemas() -> dict[str, str]:
     schemas: dict[str, dict[str, Any]] = {
         "webhook_event.json": _webhook_event_schema(),
         "jsonrpc_notification.json": _notification_schema(),
+        "operational_event.json": _operational_event_schema(),
     }
     schemas.update({name: model.model_json_schema() for name, model in _PAYLOADS.items()})
     return {name: _dump({"$schema": _DIALECT, **schema}) for name, schema in sorted(schemas.items())}
@@ -106,6 +107,15 @@ def _webhook_event_schema() -> dict[str, Any]:
     schema = TypeAdapter(WebhookEvent).json_schema()
     schema["title"] = "WebhookEvent"
     schema["description"] = "A USP webhook event: the REST body, and the params of a usp_webhook notification"
+    return schema
+
+
+def _operational_event_schema() -> dict[str, Any]:
+    schema = TypeAdapter(OperationalWebhookEvent).json_schema()
+    schema["title"] = "OperationalWebhookEvent"
+    schema["description"] = (
+        "An operational event: the service's own, about its subscriptions, deliveries and probes"
+    )
     return schema
 
 

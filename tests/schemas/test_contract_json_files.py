@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from tests.schemas.samples import ALL_EVENT_TYPES
-from usp_schemas import EVENT_TYPES, USP_VERSION, generate
+from usp_schemas import EVENT_TYPES, OPERATIONAL_EVENT_TYPES, USP_VERSION, generate
 from usp_schemas.generate import DEFAULT_OUTPUT_DIR, main, render_schemas, stale_files
 
 REPO_JSON_DIR = Path(__file__).resolve().parents[2] / "schemas" / "json"
@@ -27,6 +27,7 @@ EXPECTED_FILES = {
     "content_subscription.json",
     "entitlement.json",
     "probe_event.json",
+    "operational_event.json",
 }
 
 
@@ -66,7 +67,10 @@ def test_union_maps_every_event_type_to_its_definition() -> None:
 
     mapping = schema["discriminator"]["mapping"]
     assert schema["discriminator"]["propertyName"] == "event"
-    assert set(mapping) == set(ALL_EVENT_TYPES) == set(EVENT_TYPES)
+    assert set(mapping) == set(ALL_EVENT_TYPES) | set(OPERATIONAL_EVENT_TYPES)
+    assert set(ALL_EVENT_TYPES) == set(EVENT_TYPES)
+    operational = load("operational_event.json")["discriminator"]["mapping"]
+    assert set(operational) == set(OPERATIONAL_EVENT_TYPES)
     assert sorted(ref["$ref"] for ref in schema["oneOf"]) == sorted(mapping.values())
     for event_type, ref in mapping.items():
         definition = defs[ref.removeprefix("#/$defs/")]
@@ -109,7 +113,8 @@ def test_notification_schema_has_no_id_and_types_params_as_the_event() -> None:
     assert schema["additionalProperties"] is False
     assert schema["required"] == ["jsonrpc", "method", "params"]
     assert schema["properties"]["method"]["const"] == "usp_webhook"
-    assert set(schema["properties"]["params"]["discriminator"]["mapping"]) == set(ALL_EVENT_TYPES)
+    mapping = schema["properties"]["params"]["discriminator"]["mapping"]
+    assert set(mapping) == set(ALL_EVENT_TYPES) | set(OPERATIONAL_EVENT_TYPES)
     assert all(
         ref["$ref"].removeprefix("#/$defs/") in schema["$defs"]
         for ref in schema["properties"]["params"]["oneOf"]
@@ -123,7 +128,10 @@ def test_descriptions_carry_no_python_examples() -> None:
 
 
 def test_payload_files_describe_their_model() -> None:
-    titles = {name: load(name)["title"] for name in EXPECTED_FILES - {"webhook_event.json"}}
+    titles = {
+        name: load(name)["title"]
+        for name in EXPECTED_FILES - {"webhook_event.json", "operational_event.json"}
+    }
 
     assert titles == {
         "booking.json": "Booking",

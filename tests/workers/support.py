@@ -438,10 +438,12 @@ class WorkerProcess(ServiceProcess):
         return self.output()
 
 
-#: The scheduler as ``usp-webhooks scheduler`` runs it, without the dispatcher's CLI.
+#: The scheduler as ``usp-webhooks scheduler`` runs it, without the dispatcher's CLI: what it
+#: emits itself (operational events) reaches the broker at once.
 RELAY_SCRIPT = (
-    "from usp_workers.runtime.relay import run_relay; from usp_workers.settings import Settings; "
-    "run_relay(Settings())"
+    "from usp_workers.runtime.relay import run_relay; from usp_workers.runtime import tasks; "
+    "from usp_workers.settings import Settings; settings = Settings()\n"
+    "with tasks.handing_off(settings):\n    run_relay(settings)"
 )
 
 

@@ -32,6 +32,7 @@ from usp_dispatcher.errors import Conflict, NotFound, Refused
 from usp_dispatcher.web.deps import SessionDep, SettingsDep, get_engine
 from usp_dispatcher.web.problems import HTTPProblem
 from usp_dispatcher.webhooks import feed
+from usp_schemas import OPERATIONAL_EVENT_TYPES
 from usp_workers import operations
 from usp_workers.engine import keys
 from usp_workers.engine.webhook_secrets import RFC9421, WebhookSecrets
@@ -455,6 +456,8 @@ async def _subscription_page(
     except operations.NotFound as exc:
         return render(request, "missing.html", {"console": console, "problem": exc.detail}, status_code=404)
     recent = await call(activity.subscription_activity, db, subscription_id)
+    about = await call(operations.list_events, db, EventFilter(subject_id=subscription_id), limit=50)
+    announced = [e for e in about.items if e.event_type in OPERATIONAL_EVENT_TYPES][:20]
     latest = await call(operations.subscription_deliveries, db, subscription_id, limit=RECENT_DELIVERIES)
     chart = {
         "minutes": [int(m.timestamp()) for m in recent.minutes],
@@ -469,6 +472,7 @@ async def _subscription_page(
         "problem": problem,
         "new_secrets": new_secrets,
         "created": created,
+        "announced": announced,
     }
     return render(request, "subscription.html", context, status_code=status_code)
 

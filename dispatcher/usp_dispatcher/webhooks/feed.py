@@ -20,7 +20,7 @@ from pydantic import SecretStr
 from sqlmodel import Session, col, select
 
 from usp_dispatcher.errors import Conflict, NotFound, Refused
-from usp_schemas import EVENT_TYPES
+from usp_schemas import EVENT_TYPES, OPERATIONAL_EVENT_TYPES
 from usp_workers.engine.custom_headers import CustomHeaders, HeaderError, check_headers, masked
 from usp_workers.engine.custom_headers import store as store_headers
 from usp_workers.engine.filters import FilterError, compile_filter
@@ -148,7 +148,8 @@ def normalize_event_types(patterns: Iterable[str]) -> list[str]:
     for pattern in patterns:
         if pattern in normalized:
             continue
-        if pattern != "*" and not any(fnmatch.fnmatchcase(known, pattern) for known in EVENT_TYPES):
+        known_types = (*EVENT_TYPES, *OPERATIONAL_EVENT_TYPES)
+        if pattern != "*" and not any(fnmatch.fnmatchcase(known, pattern) for known in known_types):
             raise Refused(
                 "unknown_event_type",
                 f"event type pattern {pattern!r} matches no USP event type "

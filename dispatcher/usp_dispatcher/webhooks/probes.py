@@ -13,8 +13,11 @@ from sqlmodel import Session
 
 from usp_dispatcher.errors import Conflict, TooSoon
 from usp_dispatcher.webhooks.feed import check_url
+from usp_schemas import new_event_id
+from usp_workers import operations
 from usp_workers.engine import custom_headers
 from usp_workers.engine.keycache import current_signing_keys
+from usp_workers.engine.outbox import emit
 from usp_workers.engine.ssrf import Resolver
 from usp_workers.engine.transport import make_client
 from usp_workers.engine.webhook_secrets import SecretsUnavailable, unseal
@@ -75,8 +78,28 @@ async def run(
         problems=sum(not r.ok for r in results),
         results=json.dumps(probe.as_json(results)),
     )
-    await run_in_threadpool(_save, session, recorded)
+    failed = _failed_event(recorded, results, subscription) if recorded.problems else None
+    await run_in_threadpool(_save, session, recorded, failed)
     return recorded
+
+
+def _failed_event(
+    recorded: ProbeRun, results: list[probe.CaseResult], subscription: Subscription | None
+) -> dict[str, Any]:
+    """The ``probe.failed`` operational event of a run that found problems."""
+    return {
+        "event": "probe.failed",
+        "event_id": new_event_id(),
+        "timestamp": utcnow().strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
+        "subscription_id": None if subscription is None else subscription.id,
+        "data": {
+            "probe_id": recorded.id,
+            "target": operations.masked_url(recorded.target),
+            "transport": recorded.transport,
+            "problems": recorded.problems,
+            "findings": [{"case": r.case.name, "finding": r.finding} for r in results if not r.ok],
+        },
+    }
 
 
 def cases_of(recorded: ProbeRun) -> tuple[list[dict[str, Any]], str]:
@@ -85,7 +108,10 @@ def cases_of(recorded: ProbeRun) -> tuple[list[dict[str, Any]], str]:
     return cases, probe.verdict([(c["case"], c["finding"]) for c in cases if not c["ok"]])
 
 
-def _save(session: Session, recorded: ProbeRun) -> None:
+def _save(session: Session, recorded: ProbeRun, failed: dict[str, Any] | None) -> None:
+    """The run, and its ``probe.failed`` event when it found problems, in one transaction."""
     session.add(recorded)
+    if failed is not None:
+        emit(session, failed, audience=operations.BUSINESS_ONLY)
     session.commit()
     session.refresh(recorded)

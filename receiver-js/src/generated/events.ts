@@ -27,7 +27,12 @@ export type WebhookEvent =
   | SubscriptionActivated
   | SubscriptionCancelled
   | EntitlementGranted
-  | EntitlementRevoked;
+  | EntitlementRevoked
+  | SubscriptionDisabled
+  | SubscriptionFailing
+  | SubscriptionRecovered
+  | DeliveryDead
+  | ProbeFailed;
 export type BookingId = string;
 /**
  * the USP join id, when known
@@ -612,6 +617,125 @@ export type SubscriptionId5 = string;
  */
 export type Timestamp22 = string;
 export type Version22 = "2026-08-20";
+/**
+ * the USP join id, when known
+ */
+export type CorrelationId23 = string | null;
+/**
+ * why, in words (never a secret)
+ */
+export type Reason = string | null;
+export type State3 = "active" | "disabled";
+export type SubscriptionId6 = string;
+/**
+ * where it delivers (credentials in it masked)
+ */
+export type Url2 = string;
+export type Event23 = "subscription.disabled";
+/**
+ * producer-chosen, 1-80 of A-Z a-z 0-9 _ -; stable across retries: the dedupe key
+ */
+export type EventId23 = string;
+/**
+ * the UCP order, when known
+ */
+export type OrderId24 = string | null;
+export type SubscriptionId7 = string | null;
+/**
+ * when the change happened, RFC 3339 in UTC
+ */
+export type Timestamp23 = string;
+export type Version23 = "2026-08-20";
+/**
+ * the USP join id, when known
+ */
+export type CorrelationId24 = string | null;
+export type Event24 = "subscription.failing";
+/**
+ * producer-chosen, 1-80 of A-Z a-z 0-9 _ -; stable across retries: the dedupe key
+ */
+export type EventId24 = string;
+/**
+ * the UCP order, when known
+ */
+export type OrderId25 = string | null;
+export type SubscriptionId8 = string | null;
+/**
+ * when the change happened, RFC 3339 in UTC
+ */
+export type Timestamp24 = string;
+export type Version24 = "2026-08-20";
+/**
+ * the USP join id, when known
+ */
+export type CorrelationId25 = string | null;
+export type Event25 = "subscription.recovered";
+/**
+ * producer-chosen, 1-80 of A-Z a-z 0-9 _ -; stable across retries: the dedupe key
+ */
+export type EventId25 = string;
+/**
+ * the UCP order, when known
+ */
+export type OrderId26 = string | null;
+export type SubscriptionId9 = string | null;
+/**
+ * when the change happened, RFC 3339 in UTC
+ */
+export type Timestamp25 = string;
+export type Version25 = "2026-08-20";
+/**
+ * the USP join id, when known
+ */
+export type CorrelationId26 = string | null;
+export type Attempts = number;
+export type DeliveryId = string;
+export type EventId26 = string;
+export type EventType = string;
+export type LastError = string | null;
+export type SubscriptionId10 = string;
+export type Url3 = string;
+export type Event26 = "delivery.dead";
+/**
+ * producer-chosen, 1-80 of A-Z a-z 0-9 _ -; stable across retries: the dedupe key
+ */
+export type EventId27 = string;
+/**
+ * the UCP order, when known
+ */
+export type OrderId27 = string | null;
+export type SubscriptionId11 = string | null;
+/**
+ * when the change happened, RFC 3339 in UTC
+ */
+export type Timestamp26 = string;
+export type Version26 = "2026-08-20";
+/**
+ * the USP join id, when known
+ */
+export type CorrelationId27 = string | null;
+export type Case = string;
+export type Finding = string;
+export type Findings = ProbeFinding[];
+export type ProbeId = string;
+export type Problems = number;
+export type Target = string;
+export type Transport = string;
+export type Event27 = "probe.failed";
+/**
+ * producer-chosen, 1-80 of A-Z a-z 0-9 _ -; stable across retries: the dedupe key
+ */
+export type EventId28 = string;
+/**
+ * the UCP order, when known
+ */
+export type OrderId28 = string | null;
+export type SubscriptionId12 = string | null;
+/**
+ * when the change happened, RFC 3339 in UTC
+ */
+export type Timestamp27 = string;
+export type Version27 = "2026-08-20";
 
 /**
  * A booking was made (`pending`, or `confirmed` when the business confirms at once).
@@ -1152,5 +1276,117 @@ export interface EntitlementRevoked {
   subscription_id: SubscriptionId5;
   timestamp: Timestamp22;
   version?: Version22;
+  [k: string]: unknown | undefined;
+}
+/**
+ * A subscription was disabled: by a 410, by failing too long, by an operator, a lapsed lease.
+ */
+export interface SubscriptionDisabled {
+  correlation_id?: CorrelationId23;
+  data: SubscriptionNotice;
+  event: Event23;
+  event_id: EventId23;
+  order_id?: OrderId24;
+  subscription_id?: SubscriptionId7;
+  timestamp: Timestamp23;
+  version?: Version23;
+  [k: string]: unknown | undefined;
+}
+/**
+ * What happened to a subscription: its `state` now and why (`reason`).
+ */
+export interface SubscriptionNotice {
+  reason?: Reason;
+  state: State3;
+  subscription_id: SubscriptionId6;
+  url: Url2;
+  [k: string]: unknown | undefined;
+}
+/**
+ * A subscription's endpoint keeps failing: its breaker opened (or re-opened after a probe).
+ */
+export interface SubscriptionFailing {
+  correlation_id?: CorrelationId24;
+  data: SubscriptionNotice;
+  event: Event24;
+  event_id: EventId24;
+  order_id?: OrderId25;
+  subscription_id?: SubscriptionId8;
+  timestamp: Timestamp24;
+  version?: Version24;
+  [k: string]: unknown | undefined;
+}
+/**
+ * A failing subscription's endpoint answers again: its breaker closed.
+ */
+export interface SubscriptionRecovered {
+  correlation_id?: CorrelationId25;
+  data: SubscriptionNotice;
+  event: Event25;
+  event_id: EventId25;
+  order_id?: OrderId26;
+  subscription_id?: SubscriptionId9;
+  timestamp: Timestamp25;
+  version?: Version25;
+  [k: string]: unknown | undefined;
+}
+/**
+ * A delivery went dead: it waits in the dead letter for a redrive.
+ */
+export interface DeliveryDead {
+  correlation_id?: CorrelationId26;
+  data: DeadDelivery;
+  event: Event26;
+  event_id: EventId27;
+  order_id?: OrderId27;
+  subscription_id?: SubscriptionId11;
+  timestamp: Timestamp26;
+  version?: Version26;
+  [k: string]: unknown | undefined;
+}
+/**
+ * A delivery that used up its schedule: the event it carried, where, how many tries, why.
+ */
+export interface DeadDelivery {
+  attempts: Attempts;
+  delivery_id: DeliveryId;
+  event_id: EventId26;
+  event_type: EventType;
+  last_error?: LastError;
+  subscription_id: SubscriptionId10;
+  url: Url3;
+  [k: string]: unknown | undefined;
+}
+/**
+ * A probe found that an endpoint does not verify what it receives as it should.
+ */
+export interface ProbeFailed {
+  correlation_id?: CorrelationId27;
+  data: ProbeFailure;
+  event: Event27;
+  event_id: EventId28;
+  order_id?: OrderId28;
+  subscription_id?: SubscriptionId12;
+  timestamp: Timestamp27;
+  version?: Version27;
+  [k: string]: unknown | undefined;
+}
+/**
+ * A `usp-webhooks probe` run that found problems: the target and what went wrong.
+ */
+export interface ProbeFailure {
+  findings: Findings;
+  probe_id: ProbeId;
+  problems: Problems;
+  target: Target;
+  transport: Transport;
+  [k: string]: unknown | undefined;
+}
+/**
+ * One probe case that went wrong, and what its answer means.
+ */
+export interface ProbeFinding {
+  case: Case;
+  finding: Finding;
   [k: string]: unknown | undefined;
 }

@@ -905,6 +905,144 @@ export const webhookEventSchema = {
       "title": "ContentSubscription",
       "type": "object"
     },
+    "DeadDelivery": {
+      "additionalProperties": true,
+      "description": "A delivery that used up its schedule: the event it carried, where, how many tries, why.",
+      "properties": {
+        "attempts": {
+          "minimum": 0,
+          "title": "Attempts",
+          "type": "integer"
+        },
+        "delivery_id": {
+          "pattern": "^dlv_[0-9A-Za-z_-]{1,120}$",
+          "title": "Delivery Id",
+          "type": "string"
+        },
+        "event_id": {
+          "pattern": "^[0-9A-Za-z][0-9A-Za-z_-]{0,79}$",
+          "title": "Event Id",
+          "type": "string"
+        },
+        "event_type": {
+          "title": "Event Type",
+          "type": "string"
+        },
+        "last_error": {
+          "anyOf": [
+            {
+              "type": "string"
+            },
+            {
+              "type": "null"
+            }
+          ],
+          "default": null,
+          "title": "Last Error"
+        },
+        "subscription_id": {
+          "pattern": "^sub_[0-9A-Za-z_-]{1,120}$",
+          "title": "Subscription Id",
+          "type": "string"
+        },
+        "url": {
+          "title": "Url",
+          "type": "string"
+        }
+      },
+      "required": [
+        "delivery_id",
+        "event_id",
+        "event_type",
+        "subscription_id",
+        "url",
+        "attempts"
+      ],
+      "title": "DeadDelivery",
+      "type": "object"
+    },
+    "DeliveryDead": {
+      "additionalProperties": true,
+      "description": "A delivery went dead: it waits in the dead letter for a redrive.",
+      "properties": {
+        "correlation_id": {
+          "anyOf": [
+            {
+              "minLength": 1,
+              "type": "string"
+            },
+            {
+              "type": "null"
+            }
+          ],
+          "default": null,
+          "description": "the USP join id, when known",
+          "title": "Correlation Id"
+        },
+        "data": {
+          "$ref": "#/$defs/DeadDelivery"
+        },
+        "event": {
+          "const": "delivery.dead",
+          "default": "delivery.dead",
+          "title": "Event",
+          "type": "string"
+        },
+        "event_id": {
+          "description": "producer-chosen, 1-80 of A-Z a-z 0-9 _ -; stable across retries: the dedupe key",
+          "pattern": "^[0-9A-Za-z][0-9A-Za-z_-]{0,79}$",
+          "title": "Event Id",
+          "type": "string"
+        },
+        "order_id": {
+          "anyOf": [
+            {
+              "minLength": 1,
+              "type": "string"
+            },
+            {
+              "type": "null"
+            }
+          ],
+          "default": null,
+          "description": "the UCP order, when known",
+          "title": "Order Id"
+        },
+        "subscription_id": {
+          "anyOf": [
+            {
+              "pattern": "^sub_[0-9A-Za-z_-]{1,120}$",
+              "type": "string"
+            },
+            {
+              "type": "null"
+            }
+          ],
+          "default": null,
+          "title": "Subscription Id"
+        },
+        "timestamp": {
+          "description": "when the change happened, RFC 3339 in UTC",
+          "format": "date-time",
+          "title": "Timestamp",
+          "type": "string"
+        },
+        "version": {
+          "const": "2026-08-20",
+          "default": "2026-08-20",
+          "title": "Version",
+          "type": "string"
+        }
+      },
+      "required": [
+        "event",
+        "event_id",
+        "timestamp",
+        "data"
+      ],
+      "title": "DeliveryDead",
+      "type": "object"
+    },
     "Entitlement": {
       "additionalProperties": true,
       "description": "What an active subscription grants: reading the tier's posts until `renews_at`.",
@@ -1496,6 +1634,147 @@ export const webhookEventSchema = {
         "interval"
       ],
       "title": "Price",
+      "type": "object"
+    },
+    "ProbeFailed": {
+      "additionalProperties": true,
+      "description": "A probe found that an endpoint does not verify what it receives as it should.",
+      "properties": {
+        "correlation_id": {
+          "anyOf": [
+            {
+              "minLength": 1,
+              "type": "string"
+            },
+            {
+              "type": "null"
+            }
+          ],
+          "default": null,
+          "description": "the USP join id, when known",
+          "title": "Correlation Id"
+        },
+        "data": {
+          "$ref": "#/$defs/ProbeFailure"
+        },
+        "event": {
+          "const": "probe.failed",
+          "default": "probe.failed",
+          "title": "Event",
+          "type": "string"
+        },
+        "event_id": {
+          "description": "producer-chosen, 1-80 of A-Z a-z 0-9 _ -; stable across retries: the dedupe key",
+          "pattern": "^[0-9A-Za-z][0-9A-Za-z_-]{0,79}$",
+          "title": "Event Id",
+          "type": "string"
+        },
+        "order_id": {
+          "anyOf": [
+            {
+              "minLength": 1,
+              "type": "string"
+            },
+            {
+              "type": "null"
+            }
+          ],
+          "default": null,
+          "description": "the UCP order, when known",
+          "title": "Order Id"
+        },
+        "subscription_id": {
+          "anyOf": [
+            {
+              "pattern": "^sub_[0-9A-Za-z_-]{1,120}$",
+              "type": "string"
+            },
+            {
+              "type": "null"
+            }
+          ],
+          "default": null,
+          "title": "Subscription Id"
+        },
+        "timestamp": {
+          "description": "when the change happened, RFC 3339 in UTC",
+          "format": "date-time",
+          "title": "Timestamp",
+          "type": "string"
+        },
+        "version": {
+          "const": "2026-08-20",
+          "default": "2026-08-20",
+          "title": "Version",
+          "type": "string"
+        }
+      },
+      "required": [
+        "event",
+        "event_id",
+        "timestamp",
+        "data"
+      ],
+      "title": "ProbeFailed",
+      "type": "object"
+    },
+    "ProbeFailure": {
+      "additionalProperties": true,
+      "description": "A `usp-webhooks probe` run that found problems: the target and what went wrong.",
+      "properties": {
+        "findings": {
+          "items": {
+            "$ref": "#/$defs/ProbeFinding"
+          },
+          "title": "Findings",
+          "type": "array"
+        },
+        "probe_id": {
+          "title": "Probe Id",
+          "type": "string"
+        },
+        "problems": {
+          "minimum": 1,
+          "title": "Problems",
+          "type": "integer"
+        },
+        "target": {
+          "title": "Target",
+          "type": "string"
+        },
+        "transport": {
+          "title": "Transport",
+          "type": "string"
+        }
+      },
+      "required": [
+        "probe_id",
+        "target",
+        "transport",
+        "problems",
+        "findings"
+      ],
+      "title": "ProbeFailure",
+      "type": "object"
+    },
+    "ProbeFinding": {
+      "additionalProperties": true,
+      "description": "One probe case that went wrong, and what its answer means.",
+      "properties": {
+        "case": {
+          "title": "Case",
+          "type": "string"
+        },
+        "finding": {
+          "title": "Finding",
+          "type": "string"
+        }
+      },
+      "required": [
+        "case",
+        "finding"
+      ],
+      "title": "ProbeFinding",
       "type": "object"
     },
     "Publication": {
@@ -2277,6 +2556,296 @@ export const webhookEventSchema = {
       "title": "SubscriptionCreated",
       "type": "object"
     },
+    "SubscriptionDisabled": {
+      "additionalProperties": true,
+      "description": "A subscription was disabled: by a 410, by failing too long, by an operator, a lapsed lease.",
+      "properties": {
+        "correlation_id": {
+          "anyOf": [
+            {
+              "minLength": 1,
+              "type": "string"
+            },
+            {
+              "type": "null"
+            }
+          ],
+          "default": null,
+          "description": "the USP join id, when known",
+          "title": "Correlation Id"
+        },
+        "data": {
+          "$ref": "#/$defs/SubscriptionNotice"
+        },
+        "event": {
+          "const": "subscription.disabled",
+          "default": "subscription.disabled",
+          "title": "Event",
+          "type": "string"
+        },
+        "event_id": {
+          "description": "producer-chosen, 1-80 of A-Z a-z 0-9 _ -; stable across retries: the dedupe key",
+          "pattern": "^[0-9A-Za-z][0-9A-Za-z_-]{0,79}$",
+          "title": "Event Id",
+          "type": "string"
+        },
+        "order_id": {
+          "anyOf": [
+            {
+              "minLength": 1,
+              "type": "string"
+            },
+            {
+              "type": "null"
+            }
+          ],
+          "default": null,
+          "description": "the UCP order, when known",
+          "title": "Order Id"
+        },
+        "subscription_id": {
+          "anyOf": [
+            {
+              "pattern": "^sub_[0-9A-Za-z_-]{1,120}$",
+              "type": "string"
+            },
+            {
+              "type": "null"
+            }
+          ],
+          "default": null,
+          "title": "Subscription Id"
+        },
+        "timestamp": {
+          "description": "when the change happened, RFC 3339 in UTC",
+          "format": "date-time",
+          "title": "Timestamp",
+          "type": "string"
+        },
+        "version": {
+          "const": "2026-08-20",
+          "default": "2026-08-20",
+          "title": "Version",
+          "type": "string"
+        }
+      },
+      "required": [
+        "event",
+        "event_id",
+        "timestamp",
+        "data"
+      ],
+      "title": "SubscriptionDisabled",
+      "type": "object"
+    },
+    "SubscriptionFailing": {
+      "additionalProperties": true,
+      "description": "A subscription's endpoint keeps failing: its breaker opened (or re-opened after a probe).",
+      "properties": {
+        "correlation_id": {
+          "anyOf": [
+            {
+              "minLength": 1,
+              "type": "string"
+            },
+            {
+              "type": "null"
+            }
+          ],
+          "default": null,
+          "description": "the USP join id, when known",
+          "title": "Correlation Id"
+        },
+        "data": {
+          "$ref": "#/$defs/SubscriptionNotice"
+        },
+        "event": {
+          "const": "subscription.failing",
+          "default": "subscription.failing",
+          "title": "Event",
+          "type": "string"
+        },
+        "event_id": {
+          "description": "producer-chosen, 1-80 of A-Z a-z 0-9 _ -; stable across retries: the dedupe key",
+          "pattern": "^[0-9A-Za-z][0-9A-Za-z_-]{0,79}$",
+          "title": "Event Id",
+          "type": "string"
+        },
+        "order_id": {
+          "anyOf": [
+            {
+              "minLength": 1,
+              "type": "string"
+            },
+            {
+              "type": "null"
+            }
+          ],
+          "default": null,
+          "description": "the UCP order, when known",
+          "title": "Order Id"
+        },
+        "subscription_id": {
+          "anyOf": [
+            {
+              "pattern": "^sub_[0-9A-Za-z_-]{1,120}$",
+              "type": "string"
+            },
+            {
+              "type": "null"
+            }
+          ],
+          "default": null,
+          "title": "Subscription Id"
+        },
+        "timestamp": {
+          "description": "when the change happened, RFC 3339 in UTC",
+          "format": "date-time",
+          "title": "Timestamp",
+          "type": "string"
+        },
+        "version": {
+          "const": "2026-08-20",
+          "default": "2026-08-20",
+          "title": "Version",
+          "type": "string"
+        }
+      },
+      "required": [
+        "event",
+        "event_id",
+        "timestamp",
+        "data"
+      ],
+      "title": "SubscriptionFailing",
+      "type": "object"
+    },
+    "SubscriptionNotice": {
+      "additionalProperties": true,
+      "description": "What happened to a subscription: its `state` now and why (`reason`).",
+      "properties": {
+        "reason": {
+          "anyOf": [
+            {
+              "type": "string"
+            },
+            {
+              "type": "null"
+            }
+          ],
+          "default": null,
+          "description": "why, in words (never a secret)",
+          "title": "Reason"
+        },
+        "state": {
+          "enum": [
+            "active",
+            "disabled"
+          ],
+          "title": "State",
+          "type": "string"
+        },
+        "subscription_id": {
+          "pattern": "^sub_[0-9A-Za-z_-]{1,120}$",
+          "title": "Subscription Id",
+          "type": "string"
+        },
+        "url": {
+          "description": "where it delivers (credentials in it masked)",
+          "title": "Url",
+          "type": "string"
+        }
+      },
+      "required": [
+        "subscription_id",
+        "url",
+        "state"
+      ],
+      "title": "SubscriptionNotice",
+      "type": "object"
+    },
+    "SubscriptionRecovered": {
+      "additionalProperties": true,
+      "description": "A failing subscription's endpoint answers again: its breaker closed.",
+      "properties": {
+        "correlation_id": {
+          "anyOf": [
+            {
+              "minLength": 1,
+              "type": "string"
+            },
+            {
+              "type": "null"
+            }
+          ],
+          "default": null,
+          "description": "the USP join id, when known",
+          "title": "Correlation Id"
+        },
+        "data": {
+          "$ref": "#/$defs/SubscriptionNotice"
+        },
+        "event": {
+          "const": "subscription.recovered",
+          "default": "subscription.recovered",
+          "title": "Event",
+          "type": "string"
+        },
+        "event_id": {
+          "description": "producer-chosen, 1-80 of A-Z a-z 0-9 _ -; stable across retries: the dedupe key",
+          "pattern": "^[0-9A-Za-z][0-9A-Za-z_-]{0,79}$",
+          "title": "Event Id",
+          "type": "string"
+        },
+        "order_id": {
+          "anyOf": [
+            {
+              "minLength": 1,
+              "type": "string"
+            },
+            {
+              "type": "null"
+            }
+          ],
+          "default": null,
+          "description": "the UCP order, when known",
+          "title": "Order Id"
+        },
+        "subscription_id": {
+          "anyOf": [
+            {
+              "pattern": "^sub_[0-9A-Za-z_-]{1,120}$",
+              "type": "string"
+            },
+            {
+              "type": "null"
+            }
+          ],
+          "default": null,
+          "title": "Subscription Id"
+        },
+        "timestamp": {
+          "description": "when the change happened, RFC 3339 in UTC",
+          "format": "date-time",
+          "title": "Timestamp",
+          "type": "string"
+        },
+        "version": {
+          "const": "2026-08-20",
+          "default": "2026-08-20",
+          "title": "Version",
+          "type": "string"
+        }
+      },
+      "required": [
+        "event",
+        "event_id",
+        "timestamp",
+        "data"
+      ],
+      "title": "SubscriptionRecovered",
+      "type": "object"
+    },
     "Tier": {
       "additionalProperties": true,
       "description": "A way to subscribe to a publication.",
@@ -2955,6 +3524,11 @@ export const webhookEventSchema = {
       "content.subscription.activated": "#/$defs/SubscriptionActivated",
       "content.subscription.canceled": "#/$defs/SubscriptionCancelled",
       "content.subscription.created": "#/$defs/SubscriptionCreated",
+      "delivery.dead": "#/$defs/DeliveryDead",
+      "probe.failed": "#/$defs/ProbeFailed",
+      "subscription.disabled": "#/$defs/SubscriptionDisabled",
+      "subscription.failing": "#/$defs/SubscriptionFailing",
+      "subscription.recovered": "#/$defs/SubscriptionRecovered",
       "waitlist.converted": "#/$defs/WaitlistConverted",
       "waitlist.expired": "#/$defs/WaitlistExpired",
       "waitlist.joined": "#/$defs/WaitlistJoined",
@@ -3032,6 +3606,21 @@ export const webhookEventSchema = {
     },
     {
       "$ref": "#/$defs/EntitlementRevoked"
+    },
+    {
+      "$ref": "#/$defs/SubscriptionDisabled"
+    },
+    {
+      "$ref": "#/$defs/SubscriptionFailing"
+    },
+    {
+      "$ref": "#/$defs/SubscriptionRecovered"
+    },
+    {
+      "$ref": "#/$defs/DeliveryDead"
+    },
+    {
+      "$ref": "#/$defs/ProbeFailed"
     }
   ],
   "title": "WebhookEvent"

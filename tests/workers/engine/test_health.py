@@ -20,7 +20,12 @@ from tests.workers.endpoints import Answer
 from tests.workers.support import Clock, Endpoints, add_subscription, delivery, emit_event, subscription
 from usp_receiver import JWKS
 from usp_workers.engine.delivery import deliver_batch
-from usp_workers.engine.health import NOTICE_BREAKER_OPENED, NOTICE_DISABLED, reset_health
+from usp_workers.engine.health import (
+    NOTICE_BREAKER_OPENED,
+    NOTICE_DELIVERY_DEAD,
+    NOTICE_DISABLED,
+    reset_health,
+)
 from usp_workers.runtime.relay import relay_once
 from usp_workers.settings import Settings
 from usp_workers.storage.db import session
@@ -31,10 +36,14 @@ pytestmark = pytest.mark.anyio
 DAY = 86400.0
 
 
-def notices(engine: Engine, subscription_id: str) -> list[Notice]:
+def notices(engine: Engine, subscription_id: str, *, dead: bool = False) -> list[Notice]:
+    """The subscription's health notices (with ``dead``: its dead deliveries' notices instead)."""
+    kind = col(Notice.kind) == NOTICE_DELIVERY_DEAD if dead else col(Notice.kind) != NOTICE_DELIVERY_DEAD
     with Session(engine) as s:
         rows = list(
-            s.exec(select(Notice).where(Notice.subscription_id == subscription_id).order_by(col(Notice.id)))
+            s.exec(
+                select(Notice).where(Notice.subscription_id == subscription_id, kind).order_by(col(Notice.id))
+            )
         )
         for row in rows:
             s.expunge(row)
@@ -166,6 +175,8 @@ async def test_410_disables_at_once_with_a_notice(
     _, ids = emit_event(database)
     await deliver_batch(database, settings, ids, client=client, now=clock)
     assert subscription(database, sub.id).state == SubscriptionState.DISABLED
+    [dead] = notices(database, sub.id, dead=True)
+    assert dead.detail == ids[0], "its dead delivery is noted too, for the delivery.dead event"
     [notice] = notices(database, sub.id)
     assert notice.kind == NOTICE_DISABLED
     assert "410" in notice.detail

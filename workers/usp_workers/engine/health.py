@@ -56,6 +56,8 @@ NOTICE_ENABLED = "subscription.enabled"  #: by an operator (nothing enables a su
 NOTICE_BREAKER_OPENED = "subscription.breaker_opened"
 NOTICE_BREAKER_REOPENED = "subscription.breaker_reopened"  #: its half-open probe failed
 NOTICE_BREAKER_CLOSED = "subscription.breaker_closed"
+#: A delivery of the subscription went dead (``detail``: its id); announced as ``delivery.dead``.
+NOTICE_DELIVERY_DEAD = "delivery.dead"
 
 _DETAIL_MAX = 512
 _REASON_MAX = 256

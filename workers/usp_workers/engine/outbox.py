@@ -19,7 +19,7 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Session as ORMSession
 from sqlmodel import Session, SQLModel
 
-from usp_schemas import WebhookEvent, parse_event
+from usp_schemas import OPERATIONAL_EVENT_TYPES, WebhookEvent, parse_event
 from usp_workers.engine import tracing
 from usp_workers.engine.filters import Filter, parse_filter
 from usp_workers.engine.ordering import subject_of
@@ -217,10 +217,18 @@ def reaches(subscription_profile: str | None, audience: str | None) -> bool:
 
 def event_matches(event_type: str, patterns: Iterable[str]) -> bool:
     """Whether ``event_type`` matches any pattern: exact, ``*`` for all, or ``booking.*`` style.
+    The service's own operational events match only patterns that name them (``delivery.dead``,
+    ``subscription.*``): a subscription to ``*`` keeps getting the protocol's events alone.
 
     >>> event_matches("booking.confirmed", ["booking.*"]), event_matches("waitlist.left", ["booking.*"])
     (True, False)
+    >>> event_matches("delivery.dead", ["*"]), event_matches("delivery.dead", ["delivery.*"])
+    (False, True)
     """
+    if event_type in OPERATIONAL_EVENT_TYPES:
+        return any(
+            not pattern.startswith("*") and fnmatch.fnmatchcase(event_type, pattern) for pattern in patterns
+        )
     return any(pattern == "*" or fnmatch.fnmatchcase(event_type, pattern) for pattern in patterns)
 
 

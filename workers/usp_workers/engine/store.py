@@ -26,9 +26,11 @@ from usp_workers.storage.models import (
     Delivery,
     DeliveryStatus,
     EventRecord,
+    Notice,
     Subscription,
     SubscriptionState,
     Transport,
+    UtcDateTime,
 )
 
 __all__ = [
@@ -46,6 +48,7 @@ _deliveries: sa.Table = SQLModel.metadata.tables[Delivery.__tablename__]
 _events: sa.Table = SQLModel.metadata.tables[EventRecord.__tablename__]
 _subscriptions: sa.Table = SQLModel.metadata.tables[Subscription.__tablename__]
 _attempts: sa.Table = SQLModel.metadata.tables[Attempt.__tablename__]
+_notices: sa.Table = SQLModel.metadata.tables[Notice.__tablename__]
 
 _LAST_ERROR_MAX = 512
 _DISABLED_REASON_MAX = 256
@@ -333,9 +336,27 @@ def record(
             {u.disable_subscription for u in updates if u.disable_subscription is not None}
         ):
             health.disable(connection, subscription_id, reason[:_DISABLED_REASON_MAX], now=now)
+        dead = [
+            u.delivery_id for u in updates if u.status is DeliveryStatus.DEAD and u.delivery_id in applied
+        ]
+        if dead:
+            _note_dead(connection, dead, now)
         if then is not None:
             then(connection, applied)
     return applied
+
+
+def _note_dead(connection: sa.Connection, delivery_ids: list[str], now: datetime) -> None:
+    """A ``delivery.dead`` notice per delivery that just went dead, in the same transaction (the
+    scheduler announces each as an operational event)."""
+    rows = sa.select(
+        _deliveries.c.subscription_id,
+        sa.literal(health.NOTICE_DELIVERY_DEAD),
+        _deliveries.c.id,
+        sa.literal(now, UtcDateTime()),
+    ).where(_deliveries.c.id.in_(delivery_ids))
+    columns = ["subscription_id", "kind", "detail", "created_at"]
+    connection.execute(sa.insert(_notices).from_select(columns, rows))
 
 
 def _record_in_one_statement(

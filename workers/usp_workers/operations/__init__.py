@@ -4,6 +4,7 @@
 do: docs/architecture.md, "Operator verbs".
 """
 
+from usp_workers.operations.announce import BUSINESS_ONLY, announce_notices, masked_url
 from usp_workers.operations.errors import Conflict, InvalidRequest, NotFound, OperationError
 from usp_workers.operations.jobs import (
     JOB_BATCH,
@@ -63,6 +64,7 @@ from usp_workers.operations.views import (
 )
 
 __all__ = [
+    "BUSINESS_ONLY",
     "DELETED",
     "DISABLED_BY_OPERATOR",
     "HEALTH_WINDOW",
@@ -88,6 +90,7 @@ __all__ = [
     "Page",
     "Replayed",
     "SubscriptionHealth",
+    "announce_notices",
     "blocked_subjects",
     "dead_letter",
     "decode_cursor",
@@ -100,6 +103,7 @@ __all__ = [
     "list_events",
     "list_notices",
     "list_subscriptions",
+    "masked_url",
     "platform_deliveries",
     "reclaim_stale_jobs",
     "replay_event",

@@ -11,6 +11,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlmodel import Session, col, select
 
+from usp_workers.engine.health import NOTICE_DELIVERY_DEAD
 from usp_workers.engine.outbox import refusal
 from usp_workers.operations.errors import InvalidRequest, NotFound
 from usp_workers.operations.query import (
@@ -268,9 +269,13 @@ def list_notices(
     cursor: str | None = None,
     limit: int = 50,
 ) -> Page[NoticeView]:
-    """Health notices, newest first, of one subscription or all."""
+    """Health notices, newest first, of one subscription or all. A dead delivery's notice (what
+    its ``delivery.dead`` operational event is made from) is listed only when asked for by kind:
+    the dead letter is where dead deliveries are looked at."""
     limit = _clamp(limit)
     statement = select(Notice).order_by(col(Notice.id).desc()).limit(limit + 1)
+    if kind is None:
+        statement = statement.where(col(Notice.kind) != NOTICE_DELIVERY_DEAD)
     if cursor is not None:
         try:
             before = int(decode_cursor(cursor))

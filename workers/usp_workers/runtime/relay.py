@@ -29,11 +29,11 @@ from usp_workers.engine.health import HealthPolicy
 from usp_workers.engine.ordering import unblocked
 from usp_workers.engine.outage import BROKER_OUTAGE, DATABASE_OUTAGE, database_unavailable
 from usp_workers.engine.outbox import Enqueue
-from usp_workers.operations import lapse_leases, reclaim_stale_jobs
+from usp_workers.operations import announce_notices, lapse_leases, reclaim_stale_jobs
 from usp_workers.runtime.embedded_broker import make_broker_engine, prune_consumed
 from usp_workers.runtime.logs import configure_logging
 from usp_workers.settings import SchedulerSettings
-from usp_workers.storage.db import make_engine
+from usp_workers.storage.db import make_engine, session
 from usp_workers.storage.models import Delivery, DeliveryStatus, Subscription, utcnow
 from usp_workers.storage.retention import RetentionReport, RetentionSchedule, prune_once
 
@@ -149,6 +149,8 @@ def relay_once(
     with engine.begin() as connection:
         disabled = health.disable_failing(connection, HealthPolicy.from_settings(settings), now=moment)
         lapsed = lapse_leases(connection, now=moment)
+    with session(engine) as s:  # after the disables above, so this pass announces them too
+        announce_notices(s)
     pruned = 0
     if settings.uses_embedded_broker:
         pruned = _prune(broker_engine, settings, moment)

@@ -394,6 +394,11 @@ class Notice(SQLModel, table=True):
     kind: str = Field(max_length=64)
     detail: str = Field(default="", max_length=512)
     created_at: datetime = Field(default_factory=utcnow, sa_type=UtcDateTime, index=True)
+    announced: bool = Field(
+        default=False,
+        sa_column_kwargs={"server_default": sa.false()},
+        description="its operational event was emitted (usp_workers.operations.announce)",
+    )
 
 
 class ProbeRun(SQLModel, table=True):
