@@ -9,6 +9,7 @@ running (a test that abandons a deliberately slow request must not pay for the r
 from __future__ import annotations
 
 import socket
+import ssl
 import threading
 import time
 from collections.abc import Iterator
@@ -36,8 +37,10 @@ def serving(
     lifespan: Literal["on", "off"] = "off",
     certfile: Path | None = None,
     keyfile: Path | None = None,
+    client_ca: Path | None = None,
 ) -> Iterator[Served]:
-    """Serve ``app`` until the block ends (with ``certfile``/``keyfile``: over TLS)."""
+    """Serve ``app`` until the block ends (with ``certfile``/``keyfile``: over TLS; with
+    ``client_ca``, requiring a client certificate that CA issued)."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.bind(("127.0.0.1", 0))
     port: int = sock.getsockname()[1]
@@ -52,6 +55,8 @@ def serving(
         timeout_graceful_shutdown=GRACE,
         ssl_certfile=None if certfile is None else str(certfile),
         ssl_keyfile=None if keyfile is None else str(keyfile),
+        ssl_ca_certs=None if client_ca is None else str(client_ca),
+        ssl_cert_reqs=ssl.CERT_NONE if client_ca is None else ssl.CERT_REQUIRED,
     )
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)

@@ -25,6 +25,12 @@ __all__ = ["router"]
 router = APIRouter(prefix="/services/feed", tags=["feed"], dependencies=[AdminDep])
 
 
+AUTH_HELP = (
+    "how each delivery proves itself to a gateway in front of the endpoint: {type:"
+    " oauth2_client_credentials, token_url, client_id, client_secret, scope?, audience?} or {type: mtls,"
+    " certificate, private_key, ca_certificate?} (PEM); the secret is sealed and shown masked"
+)
+
 FILTER_HELP = (
     "only events whose JSON passes it, beside event_types: leaves {path, one of eq ne in exists lt"
     " lte gt gte prefix} over dotted paths (data.service_id), combined with all / any / not"
@@ -85,6 +91,7 @@ class SubscriptionIn(BaseModel):
     retry_schedule: RetryScheduleIn | None = Field(
         default=None, description="its own waits and maximum age; none: the service's (USP_RETRY_SCHEDULE)"
     )
+    auth: dict[str, Any] | None = Field(default=None, description=AUTH_HELP)
 
 
 class HeaderIn(BaseModel):
@@ -125,6 +132,14 @@ class RetryScheduleChange(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     retry_schedule: RetryScheduleIn | None = Field(description="null: back to the service's schedule")
+
+
+class AuthChange(BaseModel):
+    """A subscription's new endpoint authentication."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    auth: dict[str, Any] | None = Field(description=AUTH_HELP + "; null removes it")
 
 
 class FilterIn(BaseModel):
@@ -183,6 +198,7 @@ async def create_subscription(
         [h.model_dump() for h in body.headers],
         body.sign_headers,
         None if body.retry_schedule is None else body.retry_schedule.model_dump(),
+        body.auth,
     )
     checked = await feed.check_subscription(spec, settings, resolver=resolver)
     subscription = await run_in_threadpool(feed.store_subscription, session, checked)
@@ -230,6 +246,18 @@ async def set_retry_schedule(
     """Replace the subscription's own retry schedule, or go back to the service's (null)."""
     asked = None if body.retry_schedule is None else body.retry_schedule.model_dump()
     subscription = await run_in_threadpool(feed.set_retry_schedule, session, subscription_id, asked)
+    return feed.subscription_view(subscription)
+
+
+@router.put("/subscriptions/{subscription_id}/auth")
+async def set_auth(
+    subscription_id: str, body: AuthChange, session: SessionDep, settings: SettingsDep, resolver: ResolverDep
+) -> dict[str, Any]:
+    """Replace the subscription's endpoint authentication (null removes it; 422 invalid_auth
+    names the member at fault)."""
+    subscription = await feed.set_endpoint_auth(
+        session, subscription_id, body.auth, settings, resolver=resolver
+    )
     return feed.subscription_view(subscription)
 
 

@@ -10,6 +10,7 @@ import shutil
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Annotated, Any, NoReturn
 
 import httpx
@@ -606,6 +607,101 @@ def subscriptions_headers(
     shown = ", ".join(f"{h['name']}: {h['value']}" for h in changed["headers"]) or "no headers of its own"
     signed = " (signed)" if changed["sign_headers"] else ""
     console.print(f"{changed['id']}: {shown}{signed}", markup=False, soft_wrap=True)
+
+
+@subscriptions_app.command("auth")
+def subscriptions_auth(
+    subscription_id: str,
+    token_url: Annotated[
+        str | None,
+        typer.Option("--oauth-token-url", metavar="URL", help="OAuth 2.0 client credentials: the token URL."),
+    ] = None,
+    client_id: Annotated[
+        str | None, typer.Option("--client-id", metavar="ID", help="The OAuth client id.")
+    ] = None,
+    client_secret_file: Annotated[
+        Path | None,
+        typer.Option(
+            "--client-secret-file",
+            metavar="FILE",
+            help="A file holding the OAuth client secret (kept off the command line).",
+        ),
+    ] = None,
+    scope: Annotated[
+        str | None, typer.Option("--scope", metavar="SCOPE", help="The OAuth scope to ask for.")
+    ] = None,
+    certificate: Annotated[
+        Path | None, typer.Option("--certificate", metavar="FILE", help="mTLS: the client certificate (PEM).")
+    ] = None,
+    private_key: Annotated[
+        Path | None, typer.Option("--private-key", metavar="FILE", help="mTLS: its private key (PEM).")
+    ] = None,
+    ca_certificate: Annotated[
+        Path | None,
+        typer.Option(
+            "--ca-certificate", metavar="FILE", help="mTLS: trust the endpoint's certificate from this CA."
+        ),
+    ] = None,
+    off: Annotated[bool, typer.Option("--off", help="Remove the endpoint authentication.")] = False,
+    url: Url = DEFAULT_URL,
+    token: Token = None,
+) -> None:
+    """How a subscription's deliveries prove themselves to a gateway in front of its endpoint:
+    OAuth 2.0 client credentials or a client certificate (mTLS); the secret is sealed and never
+    shown again. --off removes it."""
+    oauth_given = token_url is not None
+    mtls_given = certificate is not None
+    if sum((oauth_given, mtls_given, off)) != 1:
+        fail(
+            "give --oauth-token-url (with --client-id, --client-secret-file),"
+            " --certificate (with --private-key) or --off",
+            code=2,
+        )
+    auth: dict[str, Any] | None = None
+    if oauth_given:
+        if client_id is None or client_secret_file is None:
+            fail("OAuth needs --client-id and --client-secret-file", code=2)
+        auth = {
+            "type": "oauth2_client_credentials",
+            "token_url": token_url,
+            "client_id": client_id,
+            "client_secret": _read(client_secret_file).strip(),
+            "scope": scope,
+        }
+    elif mtls_given:
+        if private_key is None:
+            fail("mTLS needs --private-key", code=2)
+        auth = {
+            "type": "mtls",
+            "certificate": _read(certificate),
+            "private_key": _read(private_key),
+            "ca_certificate": None if ca_certificate is None else _read(ca_certificate),
+        }
+    with AdminClient(url, token) as api:
+        changed = api.call("PUT", f"/services/feed/subscriptions/{subscription_id}/auth", json={"auth": auth})
+    shown = changed["auth"]
+    if shown is None:
+        console.print(f"{changed['id']}: no endpoint authentication", markup=False)
+    elif shown["type"] == "mtls":
+        console.print(
+            f"{changed['id']}: mTLS as {shown['certificate_subject']},"
+            f" until {shown['certificate_not_after']}",
+            markup=False,
+        )
+    else:
+        console.print(
+            f"{changed['id']}: OAuth 2.0 client credentials as {shown['client_id']}"
+            f" from {shown['token_url']}",
+            markup=False,
+        )
+
+
+def _read(path: Path | None) -> str:
+    assert path is not None
+    try:
+        return path.read_text()
+    except OSError as exc:
+        fail(f"cannot read {path}: {exc.strerror}", code=2)
 
 
 @subscriptions_app.command("retry-schedule")

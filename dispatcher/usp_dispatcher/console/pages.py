@@ -355,6 +355,14 @@ async def create_subscription(
     sign_headers: Annotated[bool, Form()] = False,
     retry_delays: Annotated[str, Form(max_length=512)] = "",
     max_age: Annotated[str, Form(max_length=16)] = "",
+    auth_type: Annotated[str, Form(max_length=32)] = "",
+    oauth_token_url: Annotated[str, Form(max_length=2048)] = "",
+    oauth_client_id: Annotated[str, Form(max_length=256)] = "",
+    oauth_client_secret: Annotated[str, Form(max_length=1024)] = "",
+    oauth_scope: Annotated[str, Form(max_length=1024)] = "",
+    mtls_certificate: Annotated[str, Form(max_length=16384)] = "",
+    mtls_private_key: Annotated[str, Form(max_length=16384)] = "",
+    mtls_ca_certificate: Annotated[str, Form(max_length=16384)] = "",
 ) -> Response:
     """A subscription of the business's own, checked as the REST API checks one; a Standard
     Webhooks secret it asked for is shown on its page this once."""
@@ -379,6 +387,20 @@ async def create_subscription(
             headers=_header_lines(headers, secret=False) + _header_lines(secret_headers, secret=True),
             sign_headers=sign_headers,
             retry_schedule=_retry_schedule(retry_delays, max_age),
+            auth=_auth(
+                auth_type,
+                {
+                    "token_url": oauth_token_url,
+                    "client_id": oauth_client_id,
+                    "client_secret": oauth_client_secret,
+                    "scope": oauth_scope or None,
+                },
+                {
+                    "certificate": mtls_certificate,
+                    "private_key": mtls_private_key,
+                    "ca_certificate": mtls_ca_certificate or None,
+                },
+            ),
         )
         checked = await feed.check_subscription(spec, settings)
         created = await call(feed.store_subscription, db, checked)
@@ -403,6 +425,15 @@ def _header_lines(text: str, *, secret: bool) -> list[dict[str, Any]]:
             raise Refused("invalid_header", f"{name.strip()[:64]!r}: write a header as Name: value")
         items.append({"name": name.strip(), "value": value.strip(), "secret": secret})
     return items
+
+
+def _auth(kind: str, oauth: dict[str, Any], mtls: dict[str, Any]) -> dict[str, Any] | None:
+    """The endpoint authentication the form chose (its other fields are ignored)."""
+    if kind == "oauth2_client_credentials":
+        return {"type": kind, **oauth}
+    if kind == "mtls":
+        return {"type": kind, **mtls}
+    return None
 
 
 def _retry_schedule(delays: str, max_age: str) -> dict[str, Any] | None:

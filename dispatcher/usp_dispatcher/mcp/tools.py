@@ -231,6 +231,12 @@ class SubscriptionArguments(_Strict):
         description="its own {delays: [seconds after each failed try], max_age_seconds?}; none: the"
         " service's",
     )
+    auth: dict[str, Any] | None = Field(
+        default=None,
+        description="how deliveries prove themselves to a gateway: {type: oauth2_client_credentials,"
+        " token_url, client_id, client_secret, scope?} or {type: mtls, certificate, private_key,"
+        " ca_certificate?}; the secret is sealed and never shown again",
+    )
 
 
 class SubscriptionPage(_Strict):
@@ -413,6 +419,7 @@ async def feed_subscriptions_create(call: ToolCall, args: SubscriptionArguments)
         headers=args.headers,
         sign_headers=args.sign_headers,
         retry_schedule=args.retry_schedule,
+        auth=args.auth,
     )
     try:
         checked = await feed.check_subscription(spec, call.settings, resolver=call.resolver)

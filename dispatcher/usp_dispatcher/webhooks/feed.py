@@ -23,6 +23,9 @@ from usp_dispatcher.errors import Conflict, NotFound, Refused
 from usp_schemas import EVENT_TYPES, OPERATIONAL_EVENT_TYPES
 from usp_workers.engine.custom_headers import CustomHeaders, HeaderError, check_headers, masked
 from usp_workers.engine.custom_headers import store as store_headers
+from usp_workers.engine.endpoint_auth import AuthError, EndpointAuth, OAuth2ClientCredentials, check_auth
+from usp_workers.engine.endpoint_auth import masked as masked_auth
+from usp_workers.engine.endpoint_auth import store as store_auth
 from usp_workers.engine.filters import FilterError, compile_filter
 from usp_workers.engine.schedule import ScheduleError, check_schedule
 from usp_workers.engine.ssrf import ResolvedTarget, Resolver, TargetRefused, check_target
@@ -107,6 +110,8 @@ class SubscriptionSpec:
     sign_headers: bool = False
     #: its own ``{"delays": [...], "max_age_seconds": N}`` (none: the service's)
     retry_schedule: Mapping[str, Any] | None = None
+    #: how a delivery proves itself to a gateway: ``{"type": "oauth2_client_credentials" | "mtls", ...}``
+    auth: Mapping[str, Any] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,6 +133,7 @@ class CheckedSubscription:
     payload_filter: str | None = None  #: checked, as canonical JSON
     headers: CustomHeaders | None = None  #: checked; sealed by add_subscription
     retry_schedule: str | None = None  #: checked, as stored
+    auth: EndpointAuth | None = None  #: checked; sealed by add_subscription
 
 
 @dataclass(frozen=True, slots=True)
@@ -187,6 +193,7 @@ async def check_subscription(
     payload_filter = check_filter(spec.payload_filter)
     headers = check_custom_headers(spec.headers, spec.sign_headers, settings)
     schedule = check_retry_schedule(spec.retry_schedule)
+    auth = await check_endpoint_auth(spec.auth, settings, resolver=resolver)
     url = wire_url(spec.url)
     await check_url(url, settings, resolver=resolver)
     return CheckedSubscription(
@@ -203,7 +210,55 @@ async def check_subscription(
         payload_filter,
         headers,
         schedule,
+        auth,
     )
+
+
+async def check_endpoint_auth(
+    asked: Mapping[str, Any] | None, settings: ApiSettings, *, resolver: Resolver | None = None
+) -> EndpointAuth | None:
+    """Endpoint authentication checked (``None``: none): its members (:class:`Refused`
+    ``invalid_auth`` names the one at fault), the token URL's address as a webhook URL's, and a
+    sealing key for its secret (``secrets_key_unset``)."""
+    if asked is None:
+        return None
+    try:
+        auth = check_auth(asked)
+    except AuthError as exc:
+        raise Refused("invalid_auth", str(exc), extra={"where": exc.where}) from None
+    if isinstance(auth, OAuth2ClientCredentials):
+        await check_url(auth.token_url, settings, resolver=resolver, what="token URL")
+    if settings.secrets_key is None:
+        raise Refused(
+            "secrets_key_unset",
+            "endpoint credentials are sealed at rest: set USP_SECRETS_KEY (e.g. openssl rand -hex 32)",
+        )
+    return auth
+
+
+async def set_endpoint_auth(
+    session: Session,
+    subscription_id: str,
+    asked: Mapping[str, Any] | None,
+    settings: ApiSettings,
+    *,
+    resolver: Resolver | None = None,
+) -> Subscription:
+    """Replace (``None``: remove) how the subscription's deliveries prove themselves to a gateway,
+    committed; the next try uses it."""
+    auth = await check_endpoint_auth(asked, settings, resolver=resolver)
+
+    def write() -> Subscription:
+        subscription = get_subscription(session, subscription_id)
+        subscription.endpoint_auth = (
+            None if auth is None else store_auth(auth, settings.secrets_key, subscription.id)
+        )
+        subscription.updated_at = utcnow()
+        session.add(subscription)
+        session.commit()
+        return subscription
+
+    return await anyio.to_thread.run_sync(write)
 
 
 def check_retry_schedule(asked: Mapping[str, Any] | None) -> str | None:
@@ -308,6 +363,8 @@ def add_subscription(session: Session, checked: CheckedSubscription) -> Subscrip
     subscription.signatures = json.dumps(list(checked.signatures))
     subscription.payload_filter = checked.payload_filter
     subscription.retry_schedule = checked.retry_schedule
+    if checked.auth is not None:
+        subscription.endpoint_auth = store_auth(checked.auth, checked.secrets_key, subscription.id)
     if checked.headers is not None:
         subscription.custom_headers = store_headers(checked.headers, checked.secrets_key, subscription.id)
     if checked.secrets is not None:
@@ -523,6 +580,7 @@ def subscription_view(subscription: Subscription, secrets: WebhookSecrets | None
         "headers": masked(subscription.custom_headers)["headers"],
         "sign_headers": masked(subscription.custom_headers)["signed"],
         "retry_schedule": json.loads(subscription.retry_schedule) if subscription.retry_schedule else None,
+        "auth": masked_auth(subscription.endpoint_auth),
         "created_at": subscription.created_at.isoformat(),
         "updated_at": subscription.updated_at.isoformat(),
     }

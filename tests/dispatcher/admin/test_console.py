@@ -500,3 +500,19 @@ def test_a_payload_filter_from_the_cli_and_the_console_and_why_an_event_did_not_
     page.fill("textarea[name=filter]", '{"path": "data.service_id", "prefix": "svc_massage"}')
     page.click("button:has-text('Create')")
     expect(page.locator("dd.filter code")).to_have_text('{"path":"data.service_id","prefix":"svc_massage"}')
+
+
+def test_the_console_s_form_sets_endpoint_authentication_and_never_shows_the_secret(
+    live: Live, page: Page
+) -> None:
+    log_in(page)
+    page.goto("/console/subscriptions")
+    page.click("summary:has-text('New subscription')")
+    page.fill("input[name=url]", live.endpoint("gateway", Answer(200))[0])
+    page.check("input[name=auth_type][value=oauth2_client_credentials]")
+    page.fill("input[name=oauth_token_url]", live.endpoint("token", Answer(200))[0])
+    page.fill("input[name=oauth_client_id]", "platform-1")
+    page.fill("input[name=oauth_client_secret]", "console-secret-91c")
+    page.click("button:has-text('Create')")
+    expect(page.locator("dd.endpoint-auth")).to_contain_text("OAuth 2.0 client credentials as platform-1")
+    assert "console-secret-91c" not in page.content()

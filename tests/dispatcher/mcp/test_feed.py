@@ -277,3 +277,34 @@ async def test_a_platform_subscribes_with_a_payload_filter_and_headers(
     ((stored),) = _subscriptions(mcp_engine)
     assert stored.payload_filter is not None
     assert json.loads(stored.payload_filter) == haircuts
+
+
+async def test_a_platform_subscribes_with_its_own_schedule_and_a_gateway_s_oauth_credentials(
+    mcp_engine: Engine, make_settings: MakeSettings, acme_key: str
+) -> None:
+    """The tool takes ``retry_schedule`` and ``auth`` as REST does; the client secret is sealed
+    and never in an answer (nor in the idempotency record)."""
+    sealed_settings = make_settings(secrets_key=SecretStr("mcp-secrets-key"))
+    auth = {
+        "type": "oauth2_client_credentials",
+        "token_url": "http://127.0.0.1:9/token",
+        "client_id": "acme",
+        "client_secret": "mcp-oauth-secret-77",
+    }
+    arguments = {"url": HOOK, "retry_schedule": {"delays": [10, 60]}, "auth": auth, **usp(key=acme_key)}
+    async with connect(mcp_engine, sealed_settings) as client:
+        created = (await ok(client, "usp_feed_subscriptions_create", arguments))["subscription"]
+        await refused(
+            client,
+            "usp_feed_subscriptions_create",
+            {"url": HOOK, "retry_schedule": {"delays": []}, **usp(key=acme_key)},
+            -32602,
+        )
+    assert created["retry_schedule"] == {"delays": [10.0, 60.0], "max_age_seconds": None}
+    assert created["auth"]["client_secret"] == "********"
+    with db.session(mcp_engine) as session:
+        records = session.exec(select(IdempotencyRecord)).all()
+        ((stored),) = session.exec(select(Subscription)).all()
+    assert all("mcp-oauth-secret-77" not in record.response for record in records)
+    assert stored.endpoint_auth is not None
+    assert "mcp-oauth-secret-77" not in stored.endpoint_auth

@@ -24,8 +24,9 @@ from opentelemetry.trace import SpanKind, StatusCode
 from sqlalchemy.engine import Connection, Engine
 
 from usp_receiver import SigningKey
-from usp_workers.engine import custom_headers, health, ratelimit, tracing
+from usp_workers.engine import custom_headers, endpoint_auth, health, ratelimit, tracing
 from usp_workers.engine.background import background_runtime
+from usp_workers.engine.endpoint_auth import EndpointAuth
 from usp_workers.engine.health import Gate, HealthPolicy, Tally
 from usp_workers.engine.keycache import current_signing_keys
 from usp_workers.engine.ordering import successors
@@ -631,7 +632,12 @@ class _Batch:
         try:
             standard = None
             custom = None
+            auth = None
             try:
+                if subscription.endpoint_auth is not None:
+                    auth = endpoint_auth.load(
+                        subscription.endpoint_auth, self.settings.secrets_key, subscription.id
+                    )
                 if subscription.webhook_secrets is not None:
                     sealed = unseal(subscription.webhook_secrets, self.settings.secrets_key, subscription.id)
                     standard = sealed.signing(self.now())
@@ -656,7 +662,7 @@ class _Batch:
             logger.exception("could not build delivery %s", delivery.id)
             return refused_result(exc, self.now())
         if not tracing.enabled():
-            return await send_once(self.client, target, body, headers, self.settings, now=self.now)
+            return await self._send_authorized(target, body, headers, auth)
         attributes = {
             "http.request.method": "POST",
             "url.full": subscription.url,
@@ -673,7 +679,7 @@ class _Batch:
                 tracing.inject(headers)
             elif event.traceparent is not None:
                 headers["traceparent"] = event.traceparent
-            result = await send_once(self.client, target, body, headers, self.settings, now=self.now)
+            result = await self._send_authorized(target, body, headers, auth)
             if span is not None:
                 if result.status_code is not None:
                     span.set_attribute("http.response.status_code", result.status_code)
@@ -681,6 +687,36 @@ class _Batch:
                     span.set_attribute("error.type", result.error_class or str(result.status_code))
                     span.set_status(StatusCode.ERROR)
             return result
+
+    async def _send_authorized(
+        self, target: ResolvedTarget, body: bytes, headers: dict[str, str], auth: EndpointAuth | None
+    ) -> TryResult:
+        """One try, proven to the endpoint's gateway as the subscription says: with an OAuth token
+        (fetched again, and the request sent once more, when the endpoint answers 401: the cached
+        token may have been revoked), or over the subscription's client certificate."""
+        if isinstance(auth, endpoint_auth.MutualTLS):
+            client = endpoint_auth.mtls_client(auth, self.settings)
+            return await send_once(client, target, body, headers, self.settings, now=self.now)
+        if auth is None:
+            return await send_once(self.client, target, body, headers, self.settings, now=self.now)
+        for fresh in (False, True):
+            if fresh:
+                endpoint_auth.TOKENS.forget(auth)
+            try:
+                token = await endpoint_auth.TOKENS.token(auth, self.client, self.settings)
+            except endpoint_auth.TokenFailed as exc:
+                return TryResult(self.now(), 0.0, error_class="oauth_token_failed", error=str(exc))
+            result = await send_once(
+                self.client,
+                target,
+                body,
+                headers | {"Authorization": f"Bearer {token}"},
+                self.settings,
+                now=self.now,
+            )
+            if result.status_code != 401:
+                break
+        return result
 
     def _conclude(
         self, delivery: Claimed, event: LoadedEvent, subscription: LoadedSubscription, result: TryResult

@@ -126,6 +126,7 @@ class LoadedSubscription:
     webhook_secrets: str | None = None  #: sealed; set when it asked for Standard Webhooks signatures
     custom_headers: str | None = None  #: as stored (usp_workers.engine.custom_headers)
     retry_schedule: str | None = None  #: its own, as stored (usp_workers.engine.schedule)
+    endpoint_auth: str | None = None  #: as stored (usp_workers.engine.endpoint_auth)
 
 
 def claim(engine: Engine, ids: Sequence[str], *, now: datetime, lease_until: datetime) -> list[Claimed]:
@@ -180,6 +181,7 @@ def claim_and_load(
                 webhook_secrets=row.webhook_secrets,
                 custom_headers=row.custom_headers,
                 retry_schedule=row.retry_schedule,
+                endpoint_auth=row.endpoint_auth,
             )
     return claims, events, subscriptions
 
@@ -283,6 +285,7 @@ def _read(claimed: Any) -> sa.Select[Any]:
             subscriptions.webhook_secrets,
             subscriptions.custom_headers,
             subscriptions.retry_schedule,
+            subscriptions.endpoint_auth,
         )
         .select_from(
             claimed.outerjoin(_events, events.id == claimed.c.event_id).outerjoin(

@@ -11,6 +11,7 @@ from sqlmodel import Session
 
 from usp_workers.engine import health, ordering
 from usp_workers.engine.custom_headers import masked
+from usp_workers.engine.endpoint_auth import masked as masked_auth
 from usp_workers.engine.ordering import BlockedSubject, blocked_counts
 from usp_workers.operations.errors import Conflict, InvalidRequest, NotFound
 from usp_workers.operations.query import _attempts, _deliveries, _subscription, _subscriptions
@@ -202,6 +203,7 @@ def _health(
                 headers=tuple(masked(s.custom_headers)["headers"]),
                 sign_headers=masked(s.custom_headers)["signed"],
                 retry_schedule=json.loads(s.retry_schedule) if s.retry_schedule else None,
+                auth=masked_auth(s.endpoint_auth),
             )
         )
     return items

@@ -168,6 +168,8 @@ class SubscriptionHealth:
     sign_headers: bool = False
     #: its own retry schedule (``{"delays", "max_age_seconds"}``), or ``None``: the service's
     retry_schedule: dict[str, Any] | None = None
+    #: its endpoint authentication as every view shows it (the secret masked), or ``None``
+    auth: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -234,6 +234,13 @@ class Subscription(SQLModel, table=True):
         sa_type=sa.Text,
         description="its own waits and maximum age (usp_workers.engine.schedule); none: the service's",
     )
+    endpoint_auth: str | None = Field(
+        default=None,
+        sa_type=sa.Text,
+        repr=False,
+        description="OAuth 2.0 client credentials or a client certificate, secrets sealed"
+        " (usp_workers.engine.endpoint_auth)",
+    )
     created_at: datetime = Field(default_factory=utcnow, sa_type=UtcDateTime)
     updated_at: datetime = Field(default_factory=utcnow, sa_type=UtcDateTime)
 
