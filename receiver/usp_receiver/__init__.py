@@ -4,6 +4,8 @@ The whole user-facing surface is here::
 
     from usp_receiver import JWKS, RemoteJWKS, Verifier, VerificationPolicy, WebhookReceiver, sign_request
 
+and, for events a business publishes to its own broker, ``verify_message`` (:mod:`usp_receiver.messages`).
+
 Framework integrations are imported explicitly, so the base install needs none of them:
 ``usp_receiver.asgi`` (any ASGI server), ``usp_receiver.fastapi``, ``usp_receiver.mcp``, and the
 ``usp-receiver`` command (``usp_receiver.cli``).
@@ -43,11 +45,13 @@ from usp_receiver._keys import DEFAULT_ALGORITHMS, KeyResolver, PublicKey, Signi
 from usp_receiver._receive import Outcome, ReceivedWebhook, WebhookReceiver, problem_outcome
 from usp_receiver._sign import SignedMember, sign_message, sign_request
 from usp_receiver._verify import PROFILE_COMPONENTS, USP_TAG, VerificationPolicy, Verified, Verifier
+from usp_receiver.messages import MESSAGE_COMPONENTS, sign_message_headers, verify_message
 
 __all__ = [
     "DEFAULT_ALGORITHMS",
     "JWKS",
     "JWS_TYP",
+    "MESSAGE_COMPONENTS",
     "PROFILE_COMPONENTS",
     "USP_TAG",
     "BadSignature",
@@ -85,7 +89,9 @@ __all__ = [
     "jwk_thumbprint",
     "problem_outcome",
     "sign_message",
+    "sign_message_headers",
     "sign_notification_params",
     "sign_request",
+    "verify_message",
     "verify_notification_params",
 ]

@@ -21,6 +21,7 @@ from sqlmodel import Session, col, select
 
 from usp_dispatcher.errors import Conflict, NotFound, Refused
 from usp_schemas import EVENT_TYPES, OPERATIONAL_EVENT_TYPES
+from usp_workers.engine.brokers import check_broker, is_broker_url
 from usp_workers.engine.custom_headers import CustomHeaders, HeaderError, check_headers, masked
 from usp_workers.engine.custom_headers import store as store_headers
 from usp_workers.engine.endpoint_auth import AuthError, EndpointAuth, OAuth2ClientCredentials, check_auth
@@ -37,7 +38,7 @@ from usp_workers.engine.webhook_secrets import (
     seal,
     unseal,
 )
-from usp_workers.operations import DELETED
+from usp_workers.operations import DELETED, masked_url
 from usp_workers.settings import ApiSettings
 from usp_workers.storage import db
 from usp_workers.storage.models import OnDead, Ordering, Subscription, SubscriptionState, Transport, utcnow
@@ -194,8 +195,18 @@ async def check_subscription(
     headers = check_custom_headers(spec.headers, spec.sign_headers, settings)
     schedule = check_retry_schedule(spec.retry_schedule)
     auth = await check_endpoint_auth(spec.auth, settings, resolver=resolver)
-    url = wire_url(spec.url)
-    await check_url(url, settings, resolver=resolver)
+    if is_broker_url(spec.url):
+        url = spec.url.strip()
+        await check_broker_target(url, settings, resolver=resolver)
+        if Transport(spec.transport) is not Transport.REST or auth is not None:
+            raise Refused(
+                "broker_target",
+                "a broker target takes the event JSON as its message (transport rest), signed in its"
+                " headers; endpoint authentication is the broker URL's own credentials",
+            )
+    else:
+        url = wire_url(spec.url)
+        await check_url(url, settings, resolver=resolver)
     return CheckedSubscription(
         url,
         Transport(spec.transport),
@@ -394,6 +405,17 @@ async def upsert_profile_subscription(
     return await anyio.to_thread.run_sync(_upsert, session, checked)
 
 
+async def check_broker_target(url: str, settings: ApiSettings, *, resolver: Resolver | None = None) -> None:
+    """A broker target's URL and address checked as a webhook URL's are (:class:`Refused`
+    ``target_refused`` names the problem; the credentials in it never)."""
+    try:
+        await check_broker(url, settings, resolver=resolver)
+    except TargetRefused as exc:
+        raise Refused(
+            "target_refused", f"the broker target is refused: {exc}", extra={"target_reason": exc.reason}
+        ) from None
+
+
 def wire_url(url: str) -> str:
     """The URL exactly as the HTTP client will send it (dot segments resolved, spaces and non-ASCII
     percent-encoded, IDNA host). Stored and signed in this form, so the ``@authority`` and ``@path``
@@ -566,7 +588,7 @@ def subscription_view(subscription: Subscription, secrets: WebhookSecrets | None
     creation, at a rotation), their ``webhook_secret`` and ``webhook_public_key``, that once."""
     view: dict[str, Any] = {
         "id": subscription.id,
-        "url": subscription.url,
+        "url": masked_url(subscription.url),
         "transport": Transport(subscription.transport).value,
         "event_types": json.loads(subscription.event_types),
         "platform_profile": subscription.platform_profile,

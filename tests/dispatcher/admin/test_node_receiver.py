@@ -11,6 +11,7 @@ import base64
 import json
 import os
 import re
+import socket
 import subprocess
 import threading
 import time
@@ -106,6 +107,14 @@ def node_app(live: Live, tmp_path: Path) -> Iterator[NodeApp]:
         assert process.stdout is not None
         process.stdout.close()
         print(f"----- the Express app's stderr -----\n{errors.read_text()}")
+
+
+def listening(port: int) -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=1).close()
+    except OSError:
+        return False
+    return True
 
 
 def handled_once(app: NodeApp, route: str) -> bool:
@@ -216,6 +225,7 @@ def test_the_readme_s_node_quick_start_receives_a_delivery(live: Live, tmp_path:
             ["node", "receiver.mjs"], cwd=tmp_path, stdout=output, stderr=subprocess.STDOUT
         )
     try:
+        wait_until(partial(listening, port), "the README's receiver listening", live)
         live.subscribe(f"http://127.0.0.1:{port}/webhooks/usp")
         first = event_id_in(live.ok("trigger", "booking.confirmed"))
         printed = lambda: f"booking.confirmed {first} signed by" in (tmp_path / "output.log").read_text()  # noqa: E731

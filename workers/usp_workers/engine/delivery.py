@@ -23,8 +23,8 @@ import httpx
 from opentelemetry.trace import SpanKind, StatusCode
 from sqlalchemy.engine import Connection, Engine
 
-from usp_receiver import SigningKey
-from usp_workers.engine import custom_headers, endpoint_auth, health, ratelimit, tracing
+from usp_receiver import SigningKey, sign_message_headers
+from usp_workers.engine import brokers, custom_headers, endpoint_auth, health, ratelimit, tracing
 from usp_workers.engine.background import background_runtime
 from usp_workers.engine.endpoint_auth import EndpointAuth
 from usp_workers.engine.health import Gate, HealthPolicy, Tally
@@ -32,7 +32,7 @@ from usp_workers.engine.keycache import current_signing_keys
 from usp_workers.engine.ordering import successors
 from usp_workers.engine.outage import DATABASE_OUTAGE, database_unavailable
 from usp_workers.engine.outbox import Enqueue
-from usp_workers.engine.payloads import BodyCache, build_delivery_request
+from usp_workers.engine.payloads import BodyCache, build_delivery_request, encode_body
 from usp_workers.engine.schedule import RetrySchedule, subscription_schedule
 from usp_workers.engine.ssrf import ResolvedTarget, Resolver, check_target
 from usp_workers.engine.store import (
@@ -53,6 +53,7 @@ from usp_workers.storage.models import (
     BreakerState,
     DeliveryStatus,
     SubscriptionState,
+    Transport,
     utcnow,
 )
 
@@ -648,6 +649,20 @@ class _Batch:
             except SecretsUnavailable as exc:  # the worker's configuration, not a bug: no traceback
                 logger.warning("delivery %s not sent: %s", delivery.id, exc)
                 return TryResult(self.now(), 0.0, error_class="secrets_unavailable", error=str(exc))
+            if brokers.is_broker_url(subscription.url):
+                message = encode_body(event, Transport.REST)
+                signed = sign_message_headers(
+                    subscription.url, message, self.keys, created=int(self.now().timestamp())
+                )
+                extra = custom.as_dict() if custom is not None else {}
+                return await brokers.publish(
+                    target,
+                    message,
+                    extra | signed,
+                    event.id,
+                    timeout=self.settings.total_timeout,
+                    now=self.now,
+                )
             body, headers = build_delivery_request(
                 event,
                 subscription,
@@ -839,7 +854,10 @@ async def _check_targets(
 
     async def check(url: str) -> None:
         try:
-            checked[url] = await check_target(url, settings, resolver=resolver)
+            if brokers.is_broker_url(url):
+                checked[url] = await brokers.check_broker(url, settings, resolver=resolver)
+            else:
+                checked[url] = await check_target(url, settings, resolver=resolver)
         except Exception as exc:  # TargetRefused, or a resolver's bug: the try fails, not the batch
             checked[url] = exc
 

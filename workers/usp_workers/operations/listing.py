@@ -13,6 +13,7 @@ from sqlmodel import Session, col, select
 
 from usp_workers.engine.health import NOTICE_DELIVERY_DEAD
 from usp_workers.engine.outbox import refusal
+from usp_workers.operations.announce import masked_url
 from usp_workers.operations.errors import InvalidRequest, NotFound
 from usp_workers.operations.query import (
     _attempts_of,
@@ -141,7 +142,7 @@ def event_matching(session: Session, event_id: str) -> list[Matching]:
         )
         if why is None and row.state != SubscriptionState.ACTIVE.value:
             why = f"it is {row.state}"
-        matching.append(Matching(row.id, row.url, why))
+        matching.append(Matching(row.id, masked_url(row.url), why))
     return matching
 
 

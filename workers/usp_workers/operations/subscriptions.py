@@ -13,6 +13,7 @@ from usp_workers.engine import health, ordering
 from usp_workers.engine.custom_headers import masked
 from usp_workers.engine.endpoint_auth import masked as masked_auth
 from usp_workers.engine.ordering import BlockedSubject, blocked_counts
+from usp_workers.operations.announce import masked_url
 from usp_workers.operations.errors import Conflict, InvalidRequest, NotFound
 from usp_workers.operations.query import _attempts, _deliveries, _subscription, _subscriptions
 from usp_workers.operations.views import Clock, SubscriptionHealth
@@ -179,7 +180,7 @@ def _health(
         items.append(
             SubscriptionHealth(
                 id=s.id,
-                url=s.url,
+                url=masked_url(s.url),
                 platform_profile=s.platform_profile,
                 event_types=json.loads(s.event_types),
                 state=SubscriptionState(s.state).value,
