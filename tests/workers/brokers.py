@@ -114,9 +114,10 @@ async def _read_nats(subject: str) -> list[tuple[dict[str, str], bytes]]:
 async def _read_redis(key: str) -> list[tuple[dict[str, str], bytes]]:
     client = redis.Redis(host=REDIS[0], port=REDIS[1])
     try:
+        entries: Any = client.xrange(key)
         got = []
-        for _, fields in client.xrange(key):
-            decoded = {k.decode(): v for k, v in fields.items()}
+        for _, fields in entries:
+            decoded = {bytes(k).decode(): bytes(v) for k, v in fields.items()}
             body = decoded.pop("body")
             got.append(({k: v.decode() for k, v in decoded.items()}, body))
         return got

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 
 import httpx
@@ -53,6 +54,10 @@ def post_events(live: Live, count: int, booking_id: str) -> list[str]:
             assert answer.status_code == 202, answer.text
             sent.append(str(answer.json()["event_id"]))
     return sent
+
+
+def arrived(destination: Destination, count: int) -> bool:
+    return len(destination.read()) >= count
 
 
 def verified_ids(live: Live, destination: Destination, url: str) -> list[str]:
