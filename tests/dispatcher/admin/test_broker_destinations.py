@@ -106,9 +106,7 @@ def test_a_broker_down_for_20_s_loses_nothing(live: Live) -> None:
             for outage in outages.values():
                 outage.up()
             for kind, destination in made.items():
-                wait_until(
-                    lambda d=destination: len(d.read()) >= 30, f"{kind}: every event after the outage", live
-                )
+                wait_until(partial(arrived, destination, 30), f"{kind}: every event after the outage", live)
                 got = verified_ids(live, destination, urls[kind])
                 assert sorted(set(got)) == sorted(before + during), kind
         finally:
