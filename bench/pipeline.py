@@ -27,7 +27,10 @@ PostgreSQL (``--amqp-url``), the same with the subscription ordered by subject (
 over ``--subjects`` bookings, each booking's one at a time), the embedded broker + SQLite (fast
 receiver), and the **naive design** (one Celery task per delivery, a sync
 ``httpx.Client`` built once per worker process, prefork pool, Redis + PostgreSQL; implemented
-below, not in the product). Plus raw Ed25519 signs/s (``cryptography``) and our ``sign_request``.
+below, not in the product); and the three **broker destinations** (a subscription to a RabbitMQ
+queue, a NATS JetStream subject, a Redis stream on this machine, read by a consumer subprocess
+that stands in for the receiver: ``to-rabbitmq``, ``to-nats``, ``to-redis-stream``). Plus raw
+Ed25519 signs/s (``cryptography``) and our ``sign_request``.
 
 Redis database 12 is used (and only it is flushed), RabbitMQ's delivery queue is purged;
 PostgreSQL gets a schema of its own, dropped at the end. Every subprocess runs in its own process
@@ -186,6 +189,105 @@ def run_receiver(port: int, jwks_path: str | None) -> None:
         ws="none",
         http="h11",
     )
+
+
+# ============================================================================ broker destinations
+
+_RABBITMQ, _NATS, _REDIS = ("127.0.0.1", 5672), ("127.0.0.1", 4222), ("127.0.0.1", 6379)
+
+
+def make_destination(kind: str) -> tuple[str, str]:
+    """A fresh queue, JetStream stream or Redis stream on this machine's broker: the
+    subscription's URL, and the name its consumer reads."""
+    import asyncio
+
+    import aio_pika
+    import nats
+
+    tag = uuid.uuid4().hex[:10]
+    if kind == "amqp":
+        name = f"usp-bench-{tag}"
+
+        async def declare() -> None:
+            connection = await aio_pika.connect(host=_RABBITMQ[0], port=_RABBITMQ[1])
+            async with connection:
+                await (await connection.channel()).declare_queue(name, auto_delete=False, durable=True)
+
+        asyncio.run(declare())
+        return f"amqp://guest:guest@{_RABBITMQ[0]}:{_RABBITMQ[1]}/%2F?exchange=&routing_key={name}", name
+    if kind == "nats":
+        name = f"usp.bench.{tag}"
+
+        async def add_stream() -> None:
+            client = await nats.connect(f"nats://{_NATS[0]}:{_NATS[1]}")
+            try:
+                await client.jetstream().add_stream(name=name.replace(".", "_").upper(), subjects=[name])
+            finally:
+                await client.close()
+
+        asyncio.run(add_stream())
+        return f"nats://{_NATS[0]}:{_NATS[1]}?subject={name}", name
+    name = f"usp:bench:{tag}"
+    return f"redis://{_REDIS[0]}:{_REDIS[1]}/0?stream={name}&maxlen=1000000", name
+
+
+def run_consumer(kind: str, name: str, port: int) -> None:
+    """The broker consumer subprocess (``pipeline.py consumer KIND NAME PORT``): records the first
+    arrival of each event id, and answers ``/stats`` and ``/arrivals`` as the receiver does."""
+    import asyncio
+
+    import uvicorn
+
+    recorder = Recorder()
+
+    def seen(event_id: str | None) -> None:
+        recorder.posts += 1  # a message, as a post is for the receiver: a repeat is a duplicate
+        if event_id:
+            recorder.record(event_id)
+
+    async def consume() -> None:
+        if kind == "amqp":
+            import aio_pika
+
+            connection = await aio_pika.connect(host=_RABBITMQ[0], port=_RABBITMQ[1])
+            channel = await connection.channel()
+            await channel.set_qos(prefetch_count=1000)
+            queue = await channel.get_queue(name)
+
+            async def on_delivery(message: Any) -> None:
+                seen(message.message_id)
+
+            await queue.consume(on_delivery, no_ack=True)
+            await asyncio.Event().wait()
+        elif kind == "nats":
+            import nats
+
+            client = await nats.connect(f"nats://{_NATS[0]}:{_NATS[1]}")
+
+            async def on_message(message: Any) -> None:
+                seen((message.headers or {}).get("Nats-Msg-Id"))
+
+            await client.jetstream().subscribe(name, cb=on_message, manual_ack=False)
+            await asyncio.Event().wait()
+        else:
+            import redis.asyncio
+
+            streams = redis.asyncio.Redis(host=_REDIS[0], port=_REDIS[1])
+            last: Any = "0-0"
+            while True:
+                read: Any = await streams.xread({name: last}, block=1000, count=1000)
+                for _, entries in read:
+                    for entry_id, fields in entries:
+                        last = entry_id
+                        seen(fields[b"event_id"].decode())
+
+    async def main() -> None:
+        server = uvicorn.Server(
+            uvicorn.Config(recorder, host="127.0.0.1", port=port, log_level="warning", lifespan="off")
+        )
+        await asyncio.gather(server.serve(), consume())
+
+    asyncio.run(main())
 
 
 def run_span_sink(port: int) -> None:
@@ -446,6 +548,8 @@ class Config:
     verify: bool = False
     naive: bool = False
     ordered: bool = False  #: the subscription orders by subject (events spread over --subjects)
+    #: a broker destination instead of the http receiver: "amqp", "nats" or "redis" (a stream)
+    destination: str | None = None
 
 
 @dataclass
@@ -669,11 +773,16 @@ def run_config(config: Config, args: argparse.Namespace, folder: Path) -> Result
             receiver_argv = [sys.executable, str(Path(__file__).resolve()), "receiver", str(port)]
             if config.verify:
                 receiver_argv.append(str(jwks_path))
+            target = None
+            if config.destination is not None:  # a consumer of the broker stands in for the receiver
+                target, name = make_destination(config.destination)
+                here = str(Path(__file__).resolve())
+                receiver_argv = [sys.executable, here, "consumer", config.destination, name, str(port)]
             receiver = Receiver(port)
             receiver.wait_ready(stack.start("receiver", receiver_argv, env, folder))
             ordering = Ordering.SUBJECT if config.ordered else Ordering.NONE
             with session(engine) as s:
-                subscription = Subscription(url=f"{receiver.base}/hook", ordering=ordering)
+                subscription = Subscription(url=target or f"{receiver.base}/hook", ordering=ordering)
                 s.add(subscription)
                 s.commit()
             if args.preload:
@@ -910,6 +1019,15 @@ CONFIGS = {
     "embedded": Config("engine (batches, per-origin pools)", "embedded", "sqlite"),
     "verify": Config("engine, receiver verifies (usp_receiver)", "redis", "postgresql", verify=True),
     "naive": Config("naive: 1 task/delivery, sync httpx.Client", "redis", "postgresql", naive=True),
+    "to-rabbitmq": Config(
+        "engine → RabbitMQ destination (confirms)", "redis", "postgresql", destination="amqp"
+    ),
+    "to-nats": Config(
+        "engine → NATS JetStream destination (acks)", "redis", "postgresql", destination="nats"
+    ),
+    "to-redis-stream": Config(
+        "engine → Redis Streams destination", "redis", "postgresql", destination="redis"
+    ),
 }
 
 
@@ -949,7 +1067,12 @@ def main() -> None:
     )
     parser.add_argument("--endpoint-concurrency", type=int, default=8, help="USP_PER_ENDPOINT_CONCURRENCY")
     parser.add_argument("--timeout", type=float, default=180.0, help="seconds to wait for a phase")
-    parser.add_argument("--only", default="", help="comma-separated: redis,embedded,verify,naive")
+    parser.add_argument(
+        "--only",
+        default="",
+        help="comma-separated: redis,rabbitmq,ordered,embedded,verify,naive,"
+        "to-rabbitmq,to-nats,to-redis-stream",
+    )
     parser.add_argument("--skip", default="", help="comma-separated configurations to skip")
     parser.add_argument("--redis-url", default=DEFAULT_REDIS)
     parser.add_argument("--amqp-url", default=DEFAULT_AMQP, help="the RabbitMQ of the rabbitmq row")
@@ -1020,7 +1143,9 @@ def main() -> None:
         table.add_row(
             config.name,
             f"{config.broker} + {config.database}",
-            "verifies" if config.verify else "fast (no verify)",
+            f"{config.destination} consumer"
+            if config.destination
+            else ("verifies" if config.verify else "fast (no verify)"),
             "—" if result.rate is None else f"{result.rate:,.0f}",
             "—" if result.paced_rate is None else f"{result.paced_rate:,.0f}/s",
             "—" if result.p50 is None else f"{result.p50:.1f}",
@@ -1043,5 +1168,7 @@ if __name__ == "__main__":
         run_receiver(int(sys.argv[2]), sys.argv[3] if len(sys.argv) > 3 else None)
     elif len(sys.argv) == 3 and sys.argv[1] == "sink":
         run_span_sink(int(sys.argv[2]))
+    elif len(sys.argv) == 5 and sys.argv[1] == "consumer":
+        run_consumer(sys.argv[2], sys.argv[3], int(sys.argv[4]))
     else:
         main()
