@@ -31,9 +31,9 @@ FRAGMENTS = {
     # continues the FastAPI receiver (keys, on_event): tests/receiver/test_standard_webhooks.py
     # builds the same receiver, both schemes configured
     "from usp_receiver.standard_webhooks import": "tests/receiver/test_standard_webhooks.py",
-    # a consumer of a broker destination: tests/dispatcher/admin/test_broker_destinations.py
+    # a consumer of a broker destination: test_broker_destinations.py (tests/dispatcher/admin)
     # verifies every message it reads with verify_message against the service's JWKS
-    "from usp_receiver import RemoteJWKS, verify_message": "tests/dispatcher/admin/test_broker_destinations.py",
+    "from usp_receiver import RemoteJWKS, verify_message": "tests/dispatcher/admin",
 }
 RUN_HERE = ("from fastapi import FastAPI", "from usp_receiver import JWKS, Verifier, VerificationError")
 

@@ -516,3 +516,28 @@ def test_the_console_s_form_sets_endpoint_authentication_and_never_shows_the_sec
     page.click("button:has-text('Create')")
     expect(page.locator("dd.endpoint-auth")).to_contain_text("OAuth 2.0 client credentials as platform-1")
     assert "console-secret-91c" not in page.content()
+
+
+def test_the_console_s_form_makes_a_broker_destination_for_operational_events_on_its_own_schedule(
+    live: Live, page: Page
+) -> None:
+    """A NATS destination (credentials in its URL) for the service's own events, with its own
+    retry waits: the subscription page shows the schedule and the URL with the credentials masked."""
+    log_in(page)
+    page.goto("/console/subscriptions")
+    page.click("summary:has-text('New subscription')")
+    page.fill("input[name=url]", "nats://ops:nats-pw-31@127.0.0.1:4222?subject=usp.ops")
+    page.fill("input[name=event_types]", "subscription.* delivery.dead")
+    page.fill("input[name=retry_delays]", "5, 30, 300")
+    page.fill("input[name=max_age]", "2h")
+    page.click("button:has-text('Create')")
+    expect(page.locator("dd.retry-schedule")).to_have_text(
+        "its own: waits 5 s, 30 s, 300 s; no try after 7200 s"
+    )
+    expect(page.locator("dl.facts")).to_contain_text("nats://***@127.0.0.1:4222?subject=usp.ops")
+    assert "nats-pw-31" not in page.content()
+    subscription_id = page.locator("h1 small").inner_text()
+    with Session(live.engine) as session:
+        made = session.get(Subscription, subscription_id)
+        assert made is not None
+        assert json.loads(made.event_types) == ["subscription.*", "delivery.dead"]
