@@ -19,6 +19,7 @@ from usp_receiver import SigningKey, sign_request
 REPO = Path(__file__).resolve().parents[1]
 DOCUMENTS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 
+BROKER_TEST = "tests/dispatcher/admin/test_broker_destinations.py"
 #: Blocks that cannot run alone (they continue an earlier one or need a live peer), by the first
 #: line that identifies them, with where they are exercised.
 FRAGMENTS = {
@@ -31,9 +32,9 @@ FRAGMENTS = {
     # continues the FastAPI receiver (keys, on_event): tests/receiver/test_standard_webhooks.py
     # builds the same receiver, both schemes configured
     "from usp_receiver.standard_webhooks import": "tests/receiver/test_standard_webhooks.py",
-    # a consumer of a broker destination: test_broker_destinations.py (tests/dispatcher/admin)
-    # verifies every message it reads with verify_message against the service's JWKS
-    "from usp_receiver import RemoteJWKS, verify_message": "tests/dispatcher/admin",
+    # a consumer of a broker destination: the test verifies every message it reads with
+    # verify_message against the service's JWKS
+    "from usp_receiver import RemoteJWKS, verify_message": BROKER_TEST,
 }
 RUN_HERE = ("from fastapi import FastAPI", "from usp_receiver import JWKS, Verifier, VerificationError")
 
