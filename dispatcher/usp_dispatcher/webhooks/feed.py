@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import fnmatch
 import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from enum import Enum
@@ -259,17 +259,10 @@ async def set_endpoint_auth(
     committed; the next try uses it."""
     auth = await check_endpoint_auth(asked, settings, resolver=resolver)
 
-    def write() -> Subscription:
-        subscription = get_subscription(session, subscription_id)
-        subscription.endpoint_auth = (
-            None if auth is None else store_auth(auth, settings.secrets_key, subscription.id)
-        )
-        subscription.updated_at = utcnow()
-        session.add(subscription)
-        session.commit()
-        return subscription
+    def sealed(subscription: Subscription) -> str | None:
+        return None if auth is None else store_auth(auth, settings.secrets_key, subscription.id)
 
-    return await anyio.to_thread.run_sync(write)
+    return await anyio.to_thread.run_sync(_replace, session, subscription_id, "endpoint_auth", sealed)
 
 
 def check_retry_schedule(asked: Mapping[str, Any] | None) -> str | None:
@@ -289,12 +282,7 @@ def set_retry_schedule(
     """Replace a subscription's own retry schedule (``None``: back to the service's), committed;
     it decides every retry from its next failed try on."""
     schedule = check_retry_schedule(asked)
-    subscription = get_subscription(session, subscription_id)
-    subscription.retry_schedule = schedule
-    subscription.updated_at = utcnow()
-    session.add(subscription)
-    session.commit()
-    return subscription
+    return _replace(session, subscription_id, "retry_schedule", lambda _: schedule)
 
 
 def check_custom_headers(
@@ -326,14 +314,11 @@ def set_headers(
     """Replace a subscription's own headers (none: remove them), committed; tries from then on
     carry them."""
     headers = check_custom_headers(items, signed, settings)
-    subscription = get_subscription(session, subscription_id)
-    subscription.custom_headers = (
-        None if headers is None else store_headers(headers, settings.secrets_key, subscription.id)
-    )
-    subscription.updated_at = utcnow()
-    session.add(subscription)
-    session.commit()
-    return subscription
+
+    def sealed(subscription: Subscription) -> str | None:
+        return None if headers is None else store_headers(headers, settings.secrets_key, subscription.id)
+
+    return _replace(session, subscription_id, "custom_headers", sealed)
 
 
 def check_filter(tree: Any) -> str | None:
@@ -351,8 +336,16 @@ def set_filter(session: Session, subscription_id: str, tree: Any) -> Subscriptio
     """Replace a subscription's payload filter (``None`` removes it), committed; events emitted
     from then on are judged by it."""
     checked = check_filter(tree)
+    return _replace(session, subscription_id, "payload_filter", lambda _: checked)
+
+
+def _replace(
+    session: Session, subscription_id: str, name: str, value: Callable[[Subscription], str | None]
+) -> Subscription:
+    """Set one of a subscription's stored settings (its stored form made from the row, which a
+    sealed value is bound to), committed."""
     subscription = get_subscription(session, subscription_id)
-    subscription.payload_filter = checked
+    setattr(subscription, name, value(subscription))
     subscription.updated_at = utcnow()
     session.add(subscription)
     session.commit()
