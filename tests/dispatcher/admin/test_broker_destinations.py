@@ -126,3 +126,25 @@ def test_a_broker_target_is_checked(live: Live) -> None:
         headers=ADMIN,
     )
     assert metadata.json()["target_reason"] == "metadata_address"
+
+
+def test_replay_and_recover_reach_a_broker_destination(live: Live) -> None:
+    """The operator's verbs work for a broker as for an endpoint: a replay publishes the event
+    again (same event id), and recover back-fills what the subscription missed while disabled."""
+    with destinations() as made:
+        stream = made["redis"]
+        url = stream.url(REDIS[1])
+        subscription_id = str(subscribe(live, url)["id"])
+        (first,) = post_events(live, 1, "bkg_replayed")
+        wait_until(partial(arrived, stream, 1), "the first message", live)
+        live.ok("replay", first)
+        wait_until(partial(arrived, stream, 2), "the replayed message", live)
+        assert verified_ids(live, stream, url) == [first, first]
+
+        live.ok("subscriptions", "disable", subscription_id)
+        (missed,) = post_events(live, 1, "bkg_missed")
+        time.sleep(1)
+        assert len(stream.read()) == 2, "nothing while disabled"
+        live.ok("recover", "--subscription", subscription_id, "--since", "1h", "--enable")
+        wait_until(partial(arrived, stream, 3), "the back-filled message", live)
+        assert verified_ids(live, stream, url)[-1] == missed
