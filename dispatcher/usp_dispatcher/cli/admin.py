@@ -22,7 +22,7 @@ from rich.text import Text
 
 from usp_dispatcher.cli.helptext import LabelledGroup, grouped
 from usp_dispatcher.cli.output import Column, Json, add_row, age, fitted_table, print_json, short_id, table
-from usp_dispatcher.durations import parse_duration
+from usp_dispatcher.durations import parse_duration, parse_retry_schedule
 from usp_dispatcher.webhooks.samples import sample_event
 from usp_schemas import EVENT_TYPES
 from usp_workers.operations import SHORTENED_ID
@@ -746,21 +746,10 @@ MaxAge = Annotated[
 
 
 def _schedule(delays: str | None, max_age: str | None) -> dict[str, Any] | None:
-    if delays is None:
-        if max_age is not None:
-            fail("--max-age goes with --delays", code=2)
-        return None
     try:
-        waits = [float(part) for part in delays.split(",") if part.strip()]
-    except ValueError:
-        fail(f"--delays {delays!r}: give seconds, comma-separated (5,30,300)", code=2)
-    age = None
-    if max_age is not None:
-        length = parse_duration(max_age)
-        if length is None:
-            fail(f"{max_age!r} is not a duration such as 90m, 24h or 7d", code=2)
-        age = length.total_seconds()
-    return {"delays": waits, "max_age_seconds": age}
+        return parse_retry_schedule(delays, max_age)
+    except ValueError as exc:
+        fail(f"--delays / --max-age: {exc}", code=2)
 
 
 Header = Annotated[

@@ -27,7 +27,7 @@ from usp_dispatcher.console.web import (
     session_dependencies,
     utc,
 )
-from usp_dispatcher.durations import parse_duration
+from usp_dispatcher.durations import parse_retry_schedule
 from usp_dispatcher.errors import Conflict, NotFound, Refused
 from usp_dispatcher.web.deps import SessionDep, SettingsDep, get_engine
 from usp_dispatcher.web.problems import HTTPProblem
@@ -438,21 +438,10 @@ def _auth(kind: str, oauth: dict[str, Any], mtls: dict[str, Any]) -> dict[str, A
 
 def _retry_schedule(delays: str, max_age: str) -> dict[str, Any] | None:
     """The retry waits and maximum age typed into a form (``None``: the service's schedule)."""
-    if not delays.strip():
-        if max_age.strip():
-            raise Refused("invalid_retry_schedule", "a maximum age goes with retry waits")
-        return None
     try:
-        waits = [float(part) for part in delays.replace(",", " ").split()]
-    except ValueError:
-        raise Refused("invalid_retry_schedule", f"retry waits: {delays[:80]!r} are not seconds") from None
-    age = None
-    if max_age.strip():
-        length = parse_duration(max_age)
-        if length is None:
-            raise Refused("invalid_retry_schedule", f"maximum age: {max_age!r} is not a length like 24h")
-        age = length.total_seconds()
-    return {"delays": waits, "max_age_seconds": age}
+        return parse_retry_schedule(delays, max_age)
+    except ValueError as exc:
+        raise Refused("invalid_retry_schedule", str(exc)) from None
 
 
 def _filter_tree(text: str) -> Any:

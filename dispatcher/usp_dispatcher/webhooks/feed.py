@@ -239,12 +239,16 @@ async def check_endpoint_auth(
         raise Refused("invalid_auth", str(exc), extra={"where": exc.where}) from None
     if isinstance(auth, OAuth2ClientCredentials):
         await check_url(auth.token_url, settings, resolver=resolver, what="token URL")
+    _require_secrets_key(settings, "endpoint credentials")
+    return auth
+
+
+def _require_secrets_key(settings: ApiSettings, what: str) -> None:
+    """:class:`Refused` ``secrets_key_unset`` unless ``what`` can be sealed at rest."""
     if settings.secrets_key is None:
         raise Refused(
-            "secrets_key_unset",
-            "endpoint credentials are sealed at rest: set USP_SECRETS_KEY (e.g. openssl rand -hex 32)",
+            "secrets_key_unset", f"{what} are sealed at rest: set USP_SECRETS_KEY (e.g. openssl rand -hex 32)"
         )
-    return auth
 
 
 async def set_endpoint_auth(
@@ -296,11 +300,8 @@ def check_custom_headers(
         raise Refused("invalid_header", str(exc), extra={"where": exc.where}) from None
     if not headers:
         return None
-    if any(h.secret for h in headers) and settings.secrets_key is None:
-        raise Refused(
-            "secrets_key_unset",
-            "secret header values are sealed at rest: set USP_SECRETS_KEY (e.g. openssl rand -hex 32)",
-        )
+    if any(h.secret for h in headers):
+        _require_secrets_key(settings, "secret header values")
     return CustomHeaders(headers, signed)
 
 
@@ -506,11 +507,8 @@ def check_signatures(schemes: Sequence[str], settings: ApiSettings) -> tuple[str
             "rfc9421_required",
             "every delivery is signed with RFC 9421 (the USP profile); Standard Webhooks comes beside it",
         )
-    if asked != {RFC9421} and settings.secrets_key is None:
-        raise Refused(
-            "secrets_key_unset",
-            "Standard Webhooks secrets are sealed at rest: set USP_SECRETS_KEY (e.g. openssl rand -hex 32)",
-        )
+    if asked != {RFC9421}:
+        _require_secrets_key(settings, "Standard Webhooks secrets")
     return tuple(scheme for scheme in SCHEMES if scheme in asked)
 
 
@@ -579,6 +577,7 @@ def _check_lease(seconds: int) -> None:
 def subscription_view(subscription: Subscription, secrets: WebhookSecrets | None = None) -> dict[str, Any]:
     """The JSON shape of a subscription in every answer; with the ``secrets`` just made (at
     creation, at a rotation), their ``webhook_secret`` and ``webhook_public_key``, that once."""
+    own_headers = masked(subscription.custom_headers)
     view: dict[str, Any] = {
         "id": subscription.id,
         "url": masked_url(subscription.url),
@@ -592,8 +591,8 @@ def subscription_view(subscription: Subscription, secrets: WebhookSecrets | None
         "lease_until": subscription.lease_until.isoformat() if subscription.lease_until else None,
         "signatures": json.loads(subscription.signatures),
         "filter": json.loads(subscription.payload_filter) if subscription.payload_filter else None,
-        "headers": masked(subscription.custom_headers)["headers"],
-        "sign_headers": masked(subscription.custom_headers)["signed"],
+        "headers": own_headers["headers"],
+        "sign_headers": own_headers["signed"],
         "retry_schedule": json.loads(subscription.retry_schedule) if subscription.retry_schedule else None,
         "auth": masked_auth(subscription.endpoint_auth),
         "created_at": subscription.created_at.isoformat(),

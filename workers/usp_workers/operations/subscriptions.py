@@ -177,6 +177,7 @@ def _health(
     items = []
     for s in subscriptions:
         total, ok = recent.get(s.id, (0, 0))
+        own_headers = masked(s.custom_headers)
         items.append(
             SubscriptionHealth(
                 id=s.id,
@@ -201,8 +202,8 @@ def _health(
                 on_dead=OnDead(s.on_dead).value,
                 signatures=tuple(json.loads(s.signatures)),
                 payload_filter=s.payload_filter,
-                headers=tuple(masked(s.custom_headers)["headers"]),
-                sign_headers=masked(s.custom_headers)["signed"],
+                headers=tuple(own_headers["headers"]),
+                sign_headers=own_headers["signed"],
                 retry_schedule=json.loads(s.retry_schedule) if s.retry_schedule else None,
                 auth=masked_auth(s.endpoint_auth),
             )
