@@ -157,6 +157,7 @@ def test_a_failed_token_fetch_is_an_attempt_outcome_with_its_reason(live: Live) 
     attempt = delivery["attempts"][0]
     assert attempt["error_class"] == "oauth_token_failed"
     assert attempt["status_code"] is None
+    assert attempt["key_ids"] is None, "nothing was sent, so no key signed anything"
     assert "the token endpoint answered 503" in delivery["last_error"]
     assert gateway.seen == [], "nothing sent without a token"
 

@@ -933,7 +933,9 @@ def _applied(result: DeliveryResult, applied: bool) -> DeliveryResult:
 
 
 #: Tries that never reached the wire: their attempts name no signing key.
-_NOT_SENT: Final = frozenset({"ssrf_refused", "dns_error", "internal_error", "secrets_unavailable"})
+_NOT_SENT: Final = frozenset(
+    {"ssrf_refused", "dns_error", "internal_error", "secrets_unavailable", "oauth_token_failed"}
+)
 
 
 def _trace_claim(
