@@ -6,8 +6,10 @@ against the real thing. Each test gets its own key prefix / table and removes it
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import socket
 import subprocess
 import sys
 import threading
@@ -495,6 +497,7 @@ def test_redis_keys_expire_on_the_server(redis_url: str) -> None:
         assert 30_000 < client.pttl(prefix + "evt") <= 600_000
         assert store.claim("evt").state is DUPLICATE
     finally:
+        store.close()
         _drop_prefix(client, prefix)
         client.close()
 
@@ -546,6 +549,7 @@ async def test_redis_sync_client_only_async_runs_in_a_thread(redis_url: str) -> 
         await store.acommit(claim)
         assert store.claim("evt").state is DUPLICATE
     finally:
+        store.close()
         _drop_prefix(client, prefix)
         client.close()
 
@@ -568,8 +572,8 @@ def test_redis_sync_line_outlives_a_script_flush_and_a_killed_connection(redis_u
         store.commit(second)
         line = store._line
         assert line is not None
-        assert line._connection is not None
-        _kill_line(admin, line._connection._sock.getsockname())
+        assert line._socket is not None
+        _kill_line(admin, line._socket.getsockname())
         # The unread commit and the claim are sent again on a new connection; both are idempotent.
         assert store.claim("evt-2").state is DUPLICATE
         assert store.claim("evt-3").state is NEW
@@ -649,6 +653,14 @@ async def test_redis_line_authenticates_and_selects_its_database(redis_url: str)
         assert admin.exists(prefix + "evt") == int(same_db)
         with pytest.raises(redis.ResponseError, match="AUTH"):
             await bad.aclaim("evt")
+        # The sync line connects on its own, with the same settings.
+        assert good.claim("evt").state is IN_PROGRESS
+        assert good.claim("evt-sync").state is NEW
+        assert db14.exists(prefix + "evt-sync") == 1
+        with pytest.raises(redis.ResponseError, match="AUTH"):
+            bad.claim("evt")
+        with pytest.raises(redis.ResponseError, match="AUTH"):
+            bad.claim("evt")  # nothing of the refused call is left to read
     finally:
         await good.aclose()
         await bad.aclose()
@@ -824,6 +836,35 @@ async def test_redis_async_line_times_out_on_a_server_that_never_answers() -> No
     for stream in accepted:
         await stream.aclose()
     await listener.aclose()
+
+
+def test_a_sync_claim_on_a_silent_redis_fails_within_its_timeout() -> None:
+    """The sync line waits ``socket_timeout`` for a reply, once more on a new connection, then
+    raises: a receiver answers a retryable error rather than hanging; nothing stays queued."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    accepted: list[socket.socket] = []
+
+    def hold() -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                accepted.append(listener.accept()[0])
+
+    threading.Thread(target=hold, daemon=True).start()
+    port = listener.getsockname()[1]
+    store = RedisDedupe(url=f"redis://127.0.0.1:{port}/0?socket_timeout=0.3", prefix="p:")
+    try:
+        started = time.monotonic()
+        with pytest.raises(redis.TimeoutError):
+            store.claim("evt")
+        assert time.monotonic() - started < 5
+        assert len(accepted) == 2, "it connected, and reconnected once"
+        assert store._line is not None
+        assert store._line._unread == []
+    finally:
+        store.close()
+        listener.close()
+        for connection in accepted:
+            connection.close()
 
 
 @pytest.mark.anyio
