@@ -150,6 +150,25 @@ def test_with_no_backlog_every_commit_goes_at_once_and_a_backlog_brings_the_wait
         handoff.close()
 
 
+def test_the_messages_just_published_are_not_a_backlog(published: Published) -> None:
+    """The look follows the publish at once, so the publish's own messages are usually still
+    there; only more than those means the workers are behind."""
+    waiting = [2]  # after the first publish: its two messages (60 ids in batches of 50)
+    handoff = HandOff(published, interval=60.0, batch_size=50, backlog=lambda: waiting[0])
+    try:
+        handoff([f"dlv_{i}" for i in range(60)])
+        published.wait_for(1)
+        handoff(["dlv_next"])
+        assert published.wait_for(2)[1] == ["dlv_next"], "two waiting after two sent: not behind"
+        waiting[0] = 2  # after a one-message publish: one more than it sent
+        handoff(["dlv_held_1"])
+        time.sleep(0.2)
+        assert len(published.batches) == 2, "one message more than it sent waits: coalescing"
+        assert handoff.flush(SOON)
+    finally:
+        handoff.close()
+
+
 def test_a_backlog_that_cannot_be_read_means_coalescing(published: Published) -> None:
     def broken() -> int:
         raise ConnectionError("broker down")

@@ -430,8 +430,10 @@ def test_a_crash_between_commit_and_hand_off_loses_nothing(
     report(capsys, f"crash after commit: 100 events delivered by the relay {elapsed:.1f} s after it started")
 
 
-#: Hands one event to the broker through the API's hand-off, then commits ``argv[1]`` more
-#: within the hand-off's interval (so it holds them, to coalesce) and SIGKILLs itself.
+#: Hands two events to the broker through the API's hand-off, one commit each (no worker takes
+#: them: after the second, a message waits that the last publish did not send, a backlog), then
+#: commits ``argv[1]`` more within the hand-off's interval (so it holds them, to coalesce) and
+#: SIGKILLs itself.
 KILLED_WHILE_HANDOFF_HOLDS = """
 import json, os, signal, sys
 from usp_schemas import BOOKING_CONFIRMED_EXAMPLE, new_event_id
@@ -443,13 +445,13 @@ from usp_workers.settings import Settings
 settings = Settings()
 tasks.install_enqueuer(settings)
 engine = make_engine(settings)
-for count in (1, int(sys.argv[1])):
+for count in (1, 1, int(sys.argv[1])):
     with session(engine) as s:
         for _ in range(count):
             outbox.emit(s, json.loads(BOOKING_CONFIRMED_EXAMPLE) | {"event_id": new_event_id()})
         s.commit()
     if count == 1:
-        assert tasks.flush_enqueuer(10), "the first commit is published"
+        assert tasks.flush_enqueuer(10), "the first commits are published"
 print("committed; dying while the hand-off holds them", flush=True)
 os.kill(os.getpid(), signal.SIGKILL)
 """
@@ -466,7 +468,7 @@ def test_a_process_killed_while_its_hand_off_holds_deliveries_loses_nothing(
 ) -> None:
     """The API's hand-off keeps commits in memory for up to ``handoff_interval_seconds`` to
     publish them together. A process killed then takes them down with it: the broker got the
-    first commit's delivery only; the relay sends the 40 others once they are
+    first two commits' deliveries only; the relay sends the 40 others once they are
     ``requeue_after_seconds`` old."""
     pipeline.fields["requeue_after_seconds"] = 2.0
     pipeline.fields["handoff_interval_seconds"] = 60.0
@@ -476,14 +478,14 @@ def test_a_process_killed_while_its_hand_off_holds_deliveries_loses_nothing(
     output, rows = run_until_killed(pipeline, tmp_path, KILLED_WHILE_HANDOFF_HOLDS, 40)
     assert "dying while the hand-off holds them" in output
     event_ids = sorted({d.event_id for d in rows})
-    assert len(rows) == 41
-    assert pipeline.queued() == 1, "only the first commit reached the broker"
+    assert len(rows) == 42
+    assert pipeline.queued() == 2, "only the first two commits reached the broker"
 
     logs = start_fleet(start_worker, start_relay, workers=1, relay=True)
-    wait_all_succeeded(pipeline.engine, 41, 60, *logs)
+    wait_all_succeeded(pipeline.engine, 42, 60, *logs)
 
     assert_each_handled_once(receiver.handled, event_ids, "usp")
-    assert posts(hub, endpoints.path("usp")) == 41
+    assert posts(hub, endpoints.path("usp")) == 42
 
 
 # -- 5. a slow endpoint ---------------------------------------------------------------------------------

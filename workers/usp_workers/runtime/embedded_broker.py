@@ -8,12 +8,16 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+from functools import cached_property
+from queue import Empty
+from time import monotonic
 from typing import Any
 
 import sqlalchemy as sa
 from kombu.transport import sqlalchemy as kombu_sqla
 from sqlalchemy.engine import Engine
 
+from usp_workers.runtime.doorbell import Doorbell
 from usp_workers.storage.db import sqlite_pragmas
 
 __all__ = [
@@ -28,15 +32,15 @@ __all__ = [
 
 logger = logging.getLogger("usp_workers")
 
-#: Seconds an idle consumer waits between polls of the embedded broker.
+#: Seconds an idle consumer waits for its doorbell before it polls the embedded broker anyway.
 #:
-#: Why 0.05: a worker that finds the queue empty sleeps this long, so at a steady rate most
-#: messages wait on it. Measured with ``bench/pipeline.py --only embedded`` (2 cores, ~1,150
-#: deliveries/s paced), two runs each: enqueue→2xx p50 58-60 ms and p99 95-99 at 0.05, against
-#: 80-97 and 152-160 at 0.1; 0.02 gave 36-38 and 56-58. An idle worker process used 3.3% of a
-#: core at 0.05, 2.2% at 0.1 and 6.3% at 0.02 (each empty poll is a SQLite write transaction):
-#: 0.05 buys most of the latency for little idle CPU on the machine this default is for.
-EMBEDDED_POLLING_INTERVAL = 0.05
+#: Every message put rings the doorbell of every consumer of the file on this machine
+#: (:mod:`usp_workers.runtime.doorbell`), so an idle consumer fetches it at once; the poll only
+#: catches what no ring announced (a producer on another machine sharing a SQL broker). Each poll
+#: is a SQLite write transaction, so a long interval also keeps an idle worker's CPU and the
+#: file's write lock free. With a 0.05 s poll and no doorbell, ``bench/pipeline.py --only
+#: embedded`` gave enqueue→2xx p50 58-60 ms: most messages waited on the poll.
+EMBEDDED_POLLING_INTERVAL = 0.25
 #: Seconds one ``drain_events`` call may wait for a message (see
 #: :meth:`EmbeddedTransport.drain_events`).
 EMBEDDED_DRAIN_SLICE = 0.25
@@ -47,7 +51,12 @@ _MESSAGE_TABLE = "kombu_message"
 
 
 class _EmbeddedChannel(kombu_sqla.Channel):
-    """kombu's channel, with an engine tuned for several processes on one SQLite file."""
+    """kombu's channel, with an engine tuned for several processes on one SQLite file, that rings
+    the file's doorbell for every message it puts (after its commit)."""
+
+    def _put(self, queue: Any, payload: Any, **kwargs: Any) -> None:  # type: ignore[override]
+        super()._put(queue, payload, **kwargs)  # type: ignore[no-untyped-call]
+        self.connection.doorbell.ring()
 
     def _engine_from_config(self) -> Engine:
         options = self.connection.client.transport_options
@@ -66,15 +75,39 @@ class EmbeddedTransport(kombu_sqla.Transport):
     Channel = _EmbeddedChannel
     polling_interval = EMBEDDED_POLLING_INTERVAL
 
-    def drain_events(self, connection: Any, timeout: Any = None, **kwargs: Any) -> Any:
-        """Why the slice: Celery's loop for polling transports asks for up to 2 s per call and
+    @cached_property
+    def doorbell(self) -> Doorbell:
+        assert self.client is not None
+        return Doorbell(self.client.hostname or "")
+
+    def drain_events(self, connection: Any, timeout: Any = None, **kwargs: Any) -> None:
+        """kombu's loop (fetch; when empty, wait and fetch again), waiting on the doorbell
+        instead of sleeping a fixed interval.
+
+        Why the slice: Celery's loop for polling transports asks for up to 2 s per call and
         looks at its shutdown flag only between calls, so a worker told to stop (SIGTERM,
         Ctrl-C on ``usp-webhooks up``) went on polling for up to 2 s first. A shorter wait
-        only means the loop comes round more often when idle. Without a timeout (wait for a
-        message however long it takes) the call is kombu's own."""
+        only means the loop comes round more often when idle."""
         if timeout is not None:
             timeout = min(timeout, EMBEDDED_DRAIN_SLICE)
-        return super().drain_events(connection, timeout=timeout, **kwargs)  # type: ignore[no-untyped-call]
+        started = monotonic()
+        doorbell, cycle = self.doorbell, self.cycle
+        assert cycle is not None
+        doorbell.listen()
+        while True:
+            try:
+                cycle.get(self._deliver, timeout=timeout)  # type: ignore[no-untyped-call]
+                return
+            except Empty:
+                left = None if timeout is None else timeout - (monotonic() - started)
+                if left is not None and left <= 0:
+                    raise TimeoutError() from None
+                doorbell.wait(self.polling_interval if left is None else min(left, self.polling_interval))
+
+    def close_connection(self, connection: Any) -> None:
+        super().close_connection(connection)  # type: ignore[no-untyped-call]
+        if "doorbell" in self.__dict__:
+            self.doorbell.close()
 
 
 def is_sql_broker(url: str) -> bool:
