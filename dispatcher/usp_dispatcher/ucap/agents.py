@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Final
@@ -88,21 +88,24 @@ def agent_of(identity: Identity | None) -> Agent | None:
 
 
 class RateLimiter:
-    """At most ``per_minute`` requests per agent in any minute (a sliding window of counts in two
-    fixed halves), per process. Bounded: the least recently seen agents are forgotten first."""
+    """At most ``per_minute`` requests per agent in any minute (a sliding window of the requests'
+    times), per process. Bounded: the least recently seen agents are forgotten first. A check
+    drops only the times that left the window (oldest first), so it costs the same at any limit:
+    filtering the whole list per request was 3% of a read's CPU at a limit of thousands."""
 
     def __init__(self, per_minute: int, *, max_agents: int = 10_000) -> None:
         self.per_minute = per_minute
         self.max_agents = max_agents
-        self._seen: OrderedDict[str, list[float]] = OrderedDict()
+        self._seen: OrderedDict[str, deque[float]] = OrderedDict()
 
     def check(self, agent: Agent, now: float | None = None) -> None:
         """Count one request; 429 ``rate_limited`` (with ``Retry-After``) past the limit."""
         moment = time.monotonic() if now is None else now
-        stamps = self._seen.pop(agent.id, [])
-        stamps = [t for t in stamps if t > moment - _WINDOW]
+        stamps = self._seen.pop(agent.id, None) or deque()
+        self._seen[agent.id] = stamps
+        while stamps and stamps[0] <= moment - _WINDOW:
+            stamps.popleft()
         if len(stamps) >= self.per_minute:
-            self._seen[agent.id] = stamps
             wait = max(1, math.ceil(stamps[0] + _WINDOW - moment))
             raise UcapError(
                 429,
@@ -111,6 +114,5 @@ class RateLimiter:
                 headers={"Retry-After": str(wait)},
             )
         stamps.append(moment)
-        self._seen[agent.id] = stamps
         while len(self._seen) > self.max_agents:
             self._seen.popitem(last=False)

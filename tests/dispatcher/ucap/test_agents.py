@@ -19,6 +19,8 @@ from tests.dispatcher.conftest import MakeClient
 from tests.dispatcher.ucap.conftest import Agent as SignedAgent
 from tests.dispatcher.ucap.conftest import Registry, signed
 from usp_dispatcher.access.signatures import web_bot_auth_headers
+from usp_dispatcher.ucap.agents import Agent, RateLimiter
+from usp_dispatcher.ucap.answers import UcapError
 from usp_dispatcher.ucap.seed import DEMO_PAID_POST, DEMO_PUBLICATION
 from usp_receiver import SigningKey, jwk_thumbprint
 
@@ -178,6 +180,22 @@ def test_the_rate_limit_answers_429_with_retry_after(make_client: MakeClient, al
     limited = signed(api, alice, "GET", "/v1/entitlements")
     assert limited.json()["reason"] == "rate_limited"
     assert 1 <= int(limited.headers["Retry-After"]) <= 60
+
+
+def test_the_rate_limit_is_a_sliding_minute_per_agent() -> None:
+    limiter = RateLimiter(3)
+    one, other = Agent("https://a.example/jwks", "kA"), Agent("https://b.example/jwks", "kB")
+    for moment in (0.0, 10.0, 20.0):
+        limiter.check(one, now=moment)
+    with pytest.raises(UcapError) as refused:
+        limiter.check(one, now=30.0)
+    assert refused.value.headers == {"Retry-After": "30"}, "the first request leaves the window at 60"
+    limiter.check(other, now=30.0)  # each agent has its own window
+    with pytest.raises(UcapError):
+        limiter.check(one, now=59.9)
+    limiter.check(one, now=60.5)  # the request at 0 has left the window
+    with pytest.raises(UcapError):
+        limiter.check(one, now=61.0)  # 10, 20 and 60.5 are in it
 
 
 def test_our_agent_signer_verifies_in_openbotauths_base_form() -> None:
