@@ -20,7 +20,8 @@ outbox) and none is refused. Both bindings end in the same service function and 
 
 Per concurrency level (callers each with their own connection or session, calls split evenly) it
 prints calls/s for each, the ratio MCP / REST as the same platform (the MCP layer's cost) and the
-API process's CPU per call; ``--warmup`` calls per caller are not counted.
+API process's CPU per call, in ms and in raw Ed25519 signatures of the same run (the sign rate
+printed below the table); ``--warmup`` calls per caller are not counted.
 """
 
 # ruff: noqa: E402 (the path fix below must run before the SDK is imported)
@@ -58,6 +59,7 @@ from rich.table import Table
 
 from bench.api_process import ApiProcess, cpu_seconds
 from bench.api_process import api_server as run_api
+from bench.reference import in_signs, sign_rate
 from usp_dispatcher import access, domain
 from usp_workers.storage import db
 
@@ -115,9 +117,11 @@ def main() -> None:
             console.print(
                 f"API at {api.base} ({args.database}); {args.calls} counted calls per binding and level"
             )
+            signs = sign_rate()
             rows = [
                 asyncio.run(measure(api, key, level, args.calls, args.warmup, args.slots)) for level in levels
             ]
+            signs = max(signs, sign_rate())
     table = Table(
         title=f"usp_bookings_create: MCP (Streamable HTTP, SDK client) vs REST, {os.cpu_count()} cores"
     )
@@ -130,9 +134,15 @@ def main() -> None:
             str(row.concurrency),
             *(f"{rate.calls_per_second:,.0f}" for rate in rates),
             f"{row.mcp.calls_per_second / row.rest.calls_per_second:.2f}",
-            *(f"{rate.api_cpu_ms:.2f} ms" for rate in rates),
+            *(
+                f"{rate.api_cpu_ms:.2f} ms = {in_signs(rate.api_cpu_ms / 1000, signs):.0f} signs"
+                for rate in rates
+            ),
         )
     console.print(table)
+    console.print(
+        f"raw Ed25519 sign (cryptography, one core, this run): {signs:,.0f}/s, {1e6 / signs:.1f} µs"
+    )
 
 
 # ------------------------------------------------------------------------------------ measuring

@@ -44,7 +44,6 @@ from dataclasses import dataclass
 
 import httpx
 import httpx2
-from cryptography.hazmat.primitives.asymmetric import ed25519
 from mcp.client.client import Client
 from mcp.client.streamable_http import streamable_http_client
 from rich.console import Console
@@ -54,6 +53,7 @@ from sqlalchemy.engine import Engine
 from bench.api_process import ApiProcess
 from bench.api_process import api_server as run_api
 from bench.mcp import ADMIN_TOKEN, database
+from bench.reference import sign_rate
 from usp_dispatcher import access
 from usp_dispatcher.webhooks.samples import sample_event
 from usp_receiver import JWKS
@@ -270,18 +270,6 @@ def api(url: str, folder: Path, name: str) -> Iterator[ApiProcess]:
     }
     with run_api(env, home, ready="/.well-known/usp") as process:
         yield process
-
-
-def sign_rate(seconds: float = 1.0) -> float:
-    """Raw Ed25519 signs/s on one core (``cryptography``, a 300-byte message)."""
-    key = ed25519.Ed25519PrivateKey.generate()
-    message = b"x" * 300
-    done, start = 0, time.perf_counter()
-    while time.perf_counter() - start < seconds:
-        for _ in range(200):
-            key.sign(message)
-        done += 200
-    return done / (time.perf_counter() - start)
 
 
 if __name__ == "__main__":

@@ -2,7 +2,7 @@
 ``/v1`` HTTP API, and catalog search latency as the catalog grows.
 
 Run: ``uv run python bench/ucap.py [--calls 400] [--concurrency 1,4] [--sizes 10000,100000]
-[--databases postgresql,sqlite] [--queries 300]``
+[--databases postgresql,sqlite] [--queries 300] [--broker redis://127.0.0.1:6379/13]``
 
 **Reads.** The API (``usp-webhooks api``) runs in a subprocess on 127.0.0.1 with its demo content
 on a fresh SQLite database; an agent's key set is served by a small HTTP server of this process.
@@ -13,7 +13,9 @@ Every request is signed as OpenBotAuth signs (a fresh nonce each, which the serv
   each HTTP request of the session signed the same way.
 
 Both end in the same operation (:class:`usp_dispatcher.ucap.service.UcapService`); the table
-shows calls/s and MCP/HTTP per number of callers. The post read is free, so both answer 200.
+shows reads/s, the API process's CPU per read (in µs and in raw Ed25519 signatures of the same run,
+printed below it) and MCP/HTTP per number of callers. The post read is free, so both answer 200.
+The nonces go to the SQLite database (group commits); with ``--broker redis://…`` to Redis.
 
 **Search.** For each size, a fresh database is filled with that many synthetic posts (titles and
 bodies drawn from a 20,000-word vocabulary by Zipf's law, 40 publications, categories, tiers,
@@ -57,7 +59,9 @@ from mcp.client.streamable_http import streamable_http_client
 from rich.console import Console
 from rich.table import Table
 
+from bench.api_process import ApiProcess, cpu_seconds
 from bench.api_process import api_server as run_api
+from bench.reference import in_signs, sign_rate
 from usp_dispatcher import database as dispatcher_database
 from usp_dispatcher.access.signatures import web_bot_auth_headers
 from usp_dispatcher.ucap.catalog import SearchIn, search_catalog
@@ -83,20 +87,42 @@ def main() -> None:
     parser.add_argument("--postgres-url", default=DEFAULT_POSTGRES)
     parser.add_argument("--skip-reads", action="store_true")
     parser.add_argument("--skip-search", action="store_true")
+    parser.add_argument(
+        "--broker",
+        default="",
+        help="the reads' API broker URL (a Redis URL also keeps the nonces in Redis); default: the "
+        "embedded broker, nonces in the SQLite database",
+    )
     args = parser.parse_args()
     console = Console()
     if not args.skip_reads:
         levels = [int(level) for level in args.concurrency.split(",") if level.strip()]
+        signs = sign_rate()
         with tempfile.TemporaryDirectory(prefix="usp-bench-ucap-") as folder:
-            rows = reads(Path(folder), levels, args.calls, args.warmup)
+            rows = reads(Path(folder), levels, args.calls, args.warmup, args.broker)
+        signs = max(signs, sign_rate())
+        nonces = "Redis" if args.broker.startswith("redis") else "SQLite"
         table = Table(
-            title=f"read_content: MCP (Streamable HTTP, SDK client) vs signed HTTP, {os.cpu_count()} cores"
+            title=f"read_content: MCP (Streamable HTTP, SDK client) vs signed HTTP, {os.cpu_count()} cores, "
+            f"nonces in {nonces}"
         )
-        for column in ("callers", "HTTP calls/s", "MCP calls/s", "MCP / HTTP"):
+        columns = ("callers", "HTTP reads/s", "API CPU/read", "MCP reads/s", "API CPU/read", "MCP / HTTP")
+        for column in columns:
             table.add_column(column, justify="right")
-        for level, http_rate, mcp_rate in rows:
-            table.add_row(str(level), f"{http_rate:,.0f}", f"{mcp_rate:,.0f}", f"{mcp_rate / http_rate:.2f}")
+        for level, http, mcp in rows:
+            table.add_row(
+                str(level),
+                *(
+                    cell
+                    for rate, cpu in (http, mcp)
+                    for cell in (f"{rate:,.0f}", f"{cpu * 1e6:,.0f} µs = {in_signs(cpu, signs):.0f} signs")
+                ),
+                f"{mcp[0] / http[0]:.2f}",
+            )
         console.print(table)
+        console.print(
+            f"raw Ed25519 sign (cryptography, one core, this run): {signs:,.0f}/s, {1e6 / signs:.1f} µs"
+        )
     if not args.skip_search:
         table = Table(
             title=f"search_catalog latency (the operation, no HTTP), {args.queries} queries per size"
@@ -118,28 +144,38 @@ def main() -> None:
 # ------------------------------------------------------------------------------------ reads
 
 
-def reads(folder: Path, levels: list[int], calls: int, warmup: int) -> list[tuple[int, float, float]]:
+#: Reads per second and the API process's CPU seconds per read.
+Rate = tuple[float, float]
+
+
+def reads(
+    folder: Path, levels: list[int], calls: int, warmup: int, broker: str
+) -> list[tuple[int, Rate, Rate]]:
     key = SigningKey.generate()
-    with key_directory(key) as jwks_url, api_server(f"sqlite:///{folder / 'ucap.sqlite3'}", folder) as base:
-        return [asyncio.run(_measure(base, key, jwks_url, level, calls, warmup)) for level in levels]
+    database_url = f"sqlite:///{folder / 'ucap.sqlite3'}"
+    with key_directory(key) as jwks_url, api_server(database_url, folder, broker) as api:
+        return [asyncio.run(_measure(api, key, jwks_url, level, calls, warmup)) for level in levels]
 
 
 async def _measure(
-    base: str, key: SigningKey, jwks_url: str, callers: int, calls: int, warmup: int
-) -> tuple[int, float, float]:
+    api: ApiProcess, key: SigningKey, jwks_url: str, callers: int, calls: int, warmup: int
+) -> tuple[int, Rate, Rate]:
     per_caller = max(1, calls // callers)
-    async with _callers(callers, lambda: _http_caller(base, key, jwks_url)) as http_calls:
-        http_rate = await _rate(http_calls, per_caller, warmup)
-    async with _callers(callers, lambda: _mcp_caller(base, key, jwks_url)) as mcp_calls:
-        mcp_rate = await _rate(mcp_calls, per_caller, warmup)
-    return callers, http_rate, mcp_rate
+    async with _callers(callers, lambda: _http_caller(api.base, key, jwks_url)) as http_calls:
+        http = await _rate(api, http_calls, per_caller, warmup)
+    async with _callers(callers, lambda: _mcp_caller(api.base, key, jwks_url)) as mcp_calls:
+        mcp = await _rate(api, mcp_calls, per_caller, warmup)
+    return callers, http, mcp
 
 
-async def _rate(calls: list[Call], per_caller: int, warmup: int) -> float:
+async def _rate(api: ApiProcess, calls: list[Call], per_caller: int, warmup: int) -> Rate:
     await asyncio.gather(*(_repeat(call, warmup) for call in calls))
+    cpu = cpu_seconds(api.pid)
     started = time.perf_counter()
     await asyncio.gather(*(_repeat(call, per_caller) for call in calls))
-    return per_caller * len(calls) / (time.perf_counter() - started)
+    elapsed = time.perf_counter() - started
+    counted = per_caller * len(calls)
+    return counted / elapsed, (cpu_seconds(api.pid) - cpu) / counted
 
 
 async def _repeat(call: Call, times: int) -> None:
@@ -231,17 +267,17 @@ def key_directory(key: SigningKey) -> Iterator[str]:
 
 
 @contextmanager
-def api_server(url: str, folder: Path) -> Iterator[str]:
+def api_server(url: str, folder: Path, broker: str = "") -> Iterator[ApiProcess]:
     """``usp-webhooks api`` on ``url``'s database (:func:`bench.api_process.api_server`)."""
     env = {
         "USP_DATABASE_URL": url,
         "USP_ADMIN_TOKEN": "bench-admin-" + uuid.uuid4().hex,
-        "USP_BROKER_URL": f"sqla+sqlite:///{folder / 'broker.sqlite3'}",
+        "USP_BROKER_URL": broker or f"sqla+sqlite:///{folder / 'broker.sqlite3'}",
         "USP_ALLOW_PRIVATE_TARGETS": "true",
         "USP_RATE_LIMIT_PER_MINUTE": "100000000",
     }
     with run_api(env, folder, ready="/.well-known/ucap.json") as api:
-        yield api.base
+        yield api
 
 
 # ------------------------------------------------------------------------------------ search

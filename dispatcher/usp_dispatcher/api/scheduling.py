@@ -20,7 +20,7 @@ from pydantic import ValidationError
 from usp_dispatcher import access, domain
 from usp_dispatcher.access import AccessError
 from usp_dispatcher.access.credentials import MECHANISM, looks_like_booking_credential
-from usp_dispatcher.access.nonces import database_nonces
+from usp_dispatcher.access.nonces import nonces_for
 from usp_dispatcher.domain.content import AvailabilityContent, BookingContent, CatalogContent, WaitlistContent
 from usp_dispatcher.domain.inputs import BookingIn, CancelIn, RescheduleIn, WaitlistIn
 from usp_dispatcher.mcp.protocol import validation_text
@@ -307,7 +307,7 @@ def _authorized(operation: str) -> Any:
                 engine=engine,
                 settings=settings,
                 resolver=getattr(request.app.state, "target_resolver", None),
-                nonces=database_nonces(engine),
+                nonces=nonces_for(engine, settings),
             )
         except AccessError as exc:
             raise _problem(exc, presented=True) from None

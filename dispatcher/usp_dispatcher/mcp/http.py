@@ -36,7 +36,7 @@ from starlette.routing import Route
 from starlette.types import Message, Receive, Scope, Send
 
 from usp_dispatcher.access import AccessError, authenticate_http
-from usp_dispatcher.access.nonces import database_nonces
+from usp_dispatcher.access.nonces import nonces_for
 from usp_dispatcher.access.signatures import NonceCheck
 from usp_dispatcher.mcp.event_store import DEFAULT_MAX_AGE, DEFAULT_MAX_EVENTS, SessionEventStore
 from usp_dispatcher.mcp.live import DEFAULT_POLL_INTERVAL, LiveHub
@@ -177,7 +177,7 @@ class MCPEndpoint:
         )
         async with manager.run(), anyio.create_task_group() as task_group:
             task_group.start_soon(partial(hub.run, engine, self._settings, poll_interval=self._poll_interval))
-            self._running = _Running(manager, hub, engine, database_nonces(engine))
+            self._running = _Running(manager, hub, engine, nonces_for(engine, self._settings))
             try:
                 yield hub
             finally:

@@ -18,7 +18,7 @@ import anyio.to_thread
 from sqlalchemy.engine import Engine
 from sqlmodel import Session
 
-from usp_dispatcher.access.nonces import database_nonces
+from usp_dispatcher.access.nonces import nonces_for
 from usp_dispatcher.ucap.agents import Agent, RateLimiter, authenticate_agent
 from usp_dispatcher.ucap.answers import Answer, UcapError
 from usp_dispatcher.ucap.catalog import (
@@ -91,7 +91,7 @@ class UcapService:
         self.offers = OfferLinks.for_settings(ucap, admin, self.base_url)
         self.sandbox_facilitator = SandboxFacilitator()
         self.limiter = RateLimiter(ucap.rate_limit_per_minute)
-        self.nonces = database_nonces(engine)
+        self.nonces = nonces_for(engine, settings)
         self._resolver = resolver
 
     # -------------------------------------------------------------------------------- who
