@@ -163,8 +163,10 @@ def _insert_new(engine: Engine, rows: Sequence[tuple[str, datetime]], sweep: boo
         dialect = connection.dialect.name
         if dialect in ("postgresql", "sqlite"):
             insert = (postgresql.insert if dialect == "postgresql" else sqlite.insert)(_table)
-            statement = insert.values(values).on_conflict_do_nothing().returning(_table.c.key)
-            return {str(key) for key in connection.execute(statement).scalars()}
+            # Parameters apart from the statement, so its compiled form is cached (SQLAlchemy
+            # still sends one INSERT for the group: "insertmanyvalues").
+            statement = insert.on_conflict_do_nothing().returning(_table.c.key)
+            return {str(key) for key in connection.execute(statement, values).scalars()}
         new: set[str] = set()
         for row in values:  # other dialects: a savepoint per row
             try:
