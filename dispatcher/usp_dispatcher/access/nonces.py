@@ -28,13 +28,18 @@ from usp_dispatcher.domain.tables import NonceRow
 from usp_workers.settings import CommonSettings
 from usp_workers.storage.models import utcnow
 
-__all__ = ["RedisNonces", "database_nonces", "nonces_for", "redis_nonces"]
+__all__ = ["NonceStoreUnavailable", "RedisNonces", "database_nonces", "nonces_for", "redis_nonces"]
 
 #: Sweep expired rows after this many inserted nonces.
 _SWEEP_EVERY = 200
 _REDIS_PREFIX = "usp:nonce:"
 _table = NonceRow.__table__  # type: ignore[attr-defined]
 _checks: weakref.WeakKeyDictionary[Engine, dict[str, NonceCheck]] = weakref.WeakKeyDictionary()
+
+
+class NonceStoreUnavailable(Exception):
+    """The nonce store (Redis) does not answer: a signed request can be neither accepted (it may
+    be a replay) nor refused as one; the API answers 503 and the agent retries."""
 
 
 def nonces_for(engine: Engine, settings: CommonSettings) -> NonceCheck:
@@ -74,9 +79,12 @@ class RedisNonces:
         client = self._clients.get(loop)
         if client is None:
             client = self._clients[loop] = redis.asyncio.Redis.from_url(self.url)
-        first = await client.set(
-            _REDIS_PREFIX + _key(thumbprint, nonce), b"1", nx=True, pxat=max(1, int(keep_until * 1000))
-        )
+        try:
+            first = await client.set(
+                _REDIS_PREFIX + _key(thumbprint, nonce), b"1", nx=True, pxat=max(1, int(keep_until * 1000))
+            )
+        except (redis.ConnectionError, redis.TimeoutError) as exc:
+            raise NonceStoreUnavailable(f"the nonce store does not answer: {exc}") from exc
         return bool(first)
 
     async def aclose(self) -> None:

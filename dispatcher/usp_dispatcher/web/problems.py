@@ -16,9 +16,10 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from usp_dispatcher.access.nonces import NonceStoreUnavailable
 from usp_dispatcher.errors import Conflict, DispatcherError, NotFound, Refused, TooSoon
 from usp_receiver import problem_outcome
-from usp_workers.engine.outage import Outage, database_unavailable
+from usp_workers.engine.outage import Outage, database_unavailable, describe
 
 __all__ = [
     "PROBLEM_MEDIA_TYPE",
@@ -188,6 +189,17 @@ async def _answer_failure(exc: Exception, scope: Scope, receive: Receive, send: 
             "database_unavailable",
             "Service unavailable",
             "The database does not answer; nothing was accepted. Retry after the delay given.",
+            headers={"Retry-After": str(RETRY_AFTER_SECONDS)},
+        )
+    elif isinstance(exc, NonceStoreUnavailable):
+        # Fail closed: a nonce that cannot be checked might be a replay.
+        logger.warning("answering 503: %s", describe(exc))
+        response = problem_response(
+            503,
+            "replay_store_unavailable",
+            "Service unavailable",
+            "The store of signature nonces does not answer, so the request's nonce cannot be checked; "
+            "nothing was done. Retry after the delay given, with a fresh signature.",
             headers={"Retry-After": str(RETRY_AFTER_SECONDS)},
         )
     else:

@@ -182,6 +182,18 @@ def test_the_rate_limit_answers_429_with_retry_after(make_client: MakeClient, al
     assert 1 <= int(limited.headers["Retry-After"]) <= 60
 
 
+def test_a_nonce_store_that_does_not_answer_is_a_503_not_an_accepted_request(
+    make_client: MakeClient, alice: SignedAgent
+) -> None:
+    """On a Redis broker the nonces are kept there; with Redis unreachable a signed request can
+    be checked for replay by nobody, so it is refused with 503 and Retry-After (fail closed)."""
+    api = make_client(broker_url="redis://127.0.0.1:1/0?socket_connect_timeout=0.5")
+    answer = signed(api, alice, "GET", "/v1/entitlements")
+    assert answer.status_code == 503
+    assert answer.json()["reason"] == "replay_store_unavailable"
+    assert answer.headers["Retry-After"] == "5"
+
+
 def test_the_rate_limit_is_a_sliding_minute_per_agent() -> None:
     limiter = RateLimiter(3)
     one, other = Agent("https://a.example/jwks", "kA"), Agent("https://b.example/jwks", "kB")
