@@ -103,7 +103,8 @@ class CommonSettings(BaseSettings):
         "commit's deliveries wait up to this long to go with the commits made meanwhile (fuller "
         "tasks cost less CPU; a full batch never waits); otherwise they go at once; a process "
         "that dies meanwhile loses nothing (the relay re-sends after "
-        "`USP_REQUEUE_AFTER_SECONDS`); 0: every commit publishes on the committing thread",
+        "`USP_REQUEUE_AFTER_SECONDS`); 0: every commit publishes on the committing thread. On the embedded "
+        "broker commits are not coalesced (any value > 0 publishes at once, off the committing thread)",
     )
     lease_seconds: float = Field(
         default=60.0, gt=0, description="an in-flight delivery whose worker vanished is retried after this"
