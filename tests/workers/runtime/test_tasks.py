@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import datetime as dt
 import json
 import logging
 import socket
@@ -187,6 +188,44 @@ def test_an_embedded_broker_wait_ends_after_its_slice_and_still_delivers(
     assert EMBEDDED_DRAIN_SLICE <= 1
     assert waited < 10  # not the 60 s asked for
     assert [body[0] for body in got] == [[["dlv_1"]]]  # args: (ids,)
+
+
+def test_an_embedded_consumer_fetches_oldest_first_and_marks_what_it_took_as_kombu_does(
+    make_settings: MakeSettings, tmp_path: Path
+) -> None:
+    """The fetch is ours (two Core statements), the table kombu's: what it took is hidden, its
+    version bumped and its timestamp set to the fetch (pruning reads it); the rest stays."""
+    broker = f"sqla+sqlite:///{tmp_path / 'broker.sqlite3'}"
+    celery = make_celery(make_settings(broker_url=broker))
+    got: list[Any] = []
+
+    def take(body: Any, message: Any) -> None:
+        got.append(body[0][0])
+        message.ack()
+
+    try:
+        for n in range(3):
+            tasks.enqueue_deliveries([f"dlv_{n}"], app=celery)
+        before = dt.datetime.now()
+        with (
+            celery.connection_for_read() as connection,
+            connection.Consumer(celery.amqp.queues[QUEUE], callbacks=[take], accept=["json"]),
+        ):
+            while len(got) < 2:
+                connection.drain_events(timeout=5)
+    finally:
+        celery.close()
+    assert got == [["dlv_0"], ["dlv_1"]]
+    engine = make_broker_engine(broker)
+    try:
+        with engine.connect() as connection:
+            rows = connection.execute(
+                sa.text("SELECT visible, version, timestamp FROM kombu_message ORDER BY id")
+            ).all()
+    finally:
+        engine.dispose()
+    assert [(bool(r.visible), r.version) for r in rows] == [(False, 2), (False, 2), (True, 1)]
+    assert all(dt.datetime.fromisoformat(str(r.timestamp)) >= before for r in rows[:2])
 
 
 @pytest.mark.parametrize("pipeline", [("redis", "sqlite")], ids=["redis"], indirect=True)
