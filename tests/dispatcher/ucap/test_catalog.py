@@ -13,6 +13,8 @@ from sqlalchemy.engine import Engine
 
 from tests.dispatcher.ucap.conftest import Agent, signed
 from usp_dispatcher.ucap.publishing import PostIn, PublicationIn, TierIn, add_post, add_publication
+from usp_dispatcher.ucap.search import CANDIDATES, SearchQuery, index_document
+from usp_dispatcher.ucap.search import search as search_index
 from usp_dispatcher.ucap.seed import DEMO_PAID_POST, DEMO_PUBLICATION
 from usp_workers.storage import db
 from usp_workers.storage.models import utcnow
@@ -219,3 +221,48 @@ def test_discovery_names_the_server_and_its_tools(api: TestClient) -> None:
         "list_entitlements",
     ]
     assert document["mcp"]["endpoint"].endswith("/mcp")
+
+
+@pytest.mark.parametrize("database_url", ["postgresql"], indirect=True)
+def test_the_candidates_are_the_newest_matches_wherever_they_are(engine: Engine) -> None:
+    """PostgreSQL ranks a query's newest CANDIDATES matches (SQLite ranks every match): a word
+    common this week gives the newest, a word only five years old is found, and a word with a few
+    matches this week and many last year gets those few and the newest of the rest. Equal scores
+    rank newest first."""
+    now = utcnow()
+    docs = (
+        [("common", now - timedelta(hours=n)) for n in range(CANDIDATES + 40)]
+        + [("ancient", now - timedelta(days=5 * 365))]
+        + [("mixed", now - timedelta(days=n)) for n in range(3)]
+        + [("mixed", now - timedelta(days=400, hours=n)) for n in range(CANDIDATES)]
+    )
+    with db.session(engine) as session:
+        for n, (word, moment) in enumerate(docs):
+            index_document(
+                session,
+                doc_id=f"doc_{word}_{n}",
+                kind="post",
+                publication_id="pub_windows",
+                published_at=moment,
+                language="en",
+                free=True,
+                categories=[],
+                tier_ids=[],
+                title="Same title",
+                summary="Same summary",
+                body=f"plain text with {word}",
+            )
+        session.commit()
+
+        def found(word: str, limit: int = 5) -> tuple[list[str], int]:
+            page = search_index(session, SearchQuery(text=word, limit=limit))
+            return [hit.doc_id for hit in page.hits], page.total
+
+        common, total = found("common")
+        assert common == [f"doc_common_{n}" for n in range(5)], "equal scores: newest first"
+        assert total == CANDIDATES
+        assert found("ancient")[0] == [f"doc_ancient_{CANDIDATES + 40}"]
+        first = CANDIDATES + 41
+        mixed, total = found("mixed", limit=4)
+        assert mixed == [f"doc_mixed_{first + n}" for n in range(4)], "this week's three, then last year's"
+        assert total == CANDIDATES
