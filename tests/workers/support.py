@@ -219,6 +219,23 @@ class Pipeline:
         return int(waiting)
 
 
+@contextmanager
+def consuming(celery: Any) -> Iterator[tuple[Any, list[Any]]]:
+    """A consumer of the delivery queue on ``celery``'s broker, for the block: its connection (to
+    drain) and the bodies it took so far, each acknowledged."""
+    got: list[Any] = []
+
+    def take(body: Any, message: Any) -> None:
+        got.append(body)
+        message.ack()
+
+    with (
+        celery.connection_for_read() as connection,
+        connection.Consumer(celery.amqp.queues[QUEUE], callbacks=[take], accept=["json"]),
+    ):
+        yield connection, got
+
+
 def redis_db_url(base: str, db: int | None = None) -> str:
     """``base`` (the suite's Redis URL) on database ``db`` (by default, :func:`pipeline_redis_db`)."""
     parts = urlsplit(base)

@@ -6,13 +6,13 @@ import socket
 import threading
 import time
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from tests.workers.conftest import MakeSettings
+from tests.workers.support import consuming
 from usp_workers.runtime import embedded_broker, tasks
-from usp_workers.runtime.celery_app import QUEUE, make_celery
+from usp_workers.runtime.celery_app import make_celery
 from usp_workers.runtime.doorbell import Doorbell, doorbell_folder
 
 
@@ -90,17 +90,8 @@ def test_an_idle_embedded_consumer_is_woken_by_a_put_not_by_its_poll(
     monkeypatch.setattr(embedded_broker.EmbeddedTransport, "polling_interval", 60.0)
     broker = f"sqla+sqlite:///{tmp_path / 'broker.sqlite3'}"
     consumer_app, producer_app = (make_celery(make_settings(broker_url=broker)) for _ in range(2))
-    got: list[Any] = []
-
-    def take(body: Any, message: Any) -> None:
-        got.append(body)
-        message.ack()
-
     try:
-        with (
-            consumer_app.connection_for_read() as connection,
-            connection.Consumer(consumer_app.amqp.queues[QUEUE], callbacks=[take], accept=["json"]),
-        ):
+        with consuming(consumer_app) as (connection, got):
             publisher = threading.Timer(0.3, tasks.enqueue_deliveries, (["dlv_1"],), {"app": producer_app})
             publisher.start()
             started = time.monotonic()

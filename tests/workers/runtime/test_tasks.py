@@ -24,7 +24,14 @@ from sqlalchemy.engine import Engine
 from sqlmodel import select
 
 from tests.workers.conftest import MakeSettings
-from tests.workers.support import Pipeline, add_subscription, booking_event, delivery, emit_event
+from tests.workers.support import (
+    Pipeline,
+    add_subscription,
+    booking_event,
+    consuming,
+    delivery,
+    emit_event,
+)
 from usp_workers.engine import outbox
 from usp_workers.runtime import tasks
 from usp_workers.runtime.celery_app import DELIVER_TASK, QUEUE, make_celery
@@ -162,17 +169,8 @@ def test_an_embedded_broker_wait_ends_after_its_slice_and_still_delivers(
     flag only between calls: each wait is cut to the slice, so a stopping worker is not held."""
     broker = f"sqla+sqlite:///{tmp_path / 'broker.sqlite3'}"
     celery = make_celery(make_settings(broker_url=broker))
-    got: list[Any] = []
-
-    def take(body: Any, message: Any) -> None:
-        got.append(body)
-        message.ack()
-
     try:
-        with (
-            celery.connection_for_read() as connection,
-            connection.Consumer(celery.amqp.queues[QUEUE], callbacks=[take], accept=["json"]),
-        ):
+        with consuming(celery) as (connection, got):
             started = time.monotonic()
             with pytest.raises(socket.timeout):
                 connection.drain_events(timeout=60)
@@ -197,25 +195,16 @@ def test_an_embedded_consumer_fetches_oldest_first_and_marks_what_it_took_as_kom
     version bumped and its timestamp set to the fetch (pruning reads it); the rest stays."""
     broker = f"sqla+sqlite:///{tmp_path / 'broker.sqlite3'}"
     celery = make_celery(make_settings(broker_url=broker))
-    got: list[Any] = []
-
-    def take(body: Any, message: Any) -> None:
-        got.append(body[0][0])
-        message.ack()
-
     try:
         for n in range(3):
             tasks.enqueue_deliveries([f"dlv_{n}"], app=celery)
         before = dt.datetime.now()
-        with (
-            celery.connection_for_read() as connection,
-            connection.Consumer(celery.amqp.queues[QUEUE], callbacks=[take], accept=["json"]),
-        ):
+        with consuming(celery) as (connection, got):
             while len(got) < 2:
                 connection.drain_events(timeout=5)
     finally:
         celery.close()
-    assert got == [["dlv_0"], ["dlv_1"]]
+    assert [body[0][0] for body in got] == [["dlv_0"], ["dlv_1"]]
     engine = make_broker_engine(broker)
     try:
         with engine.connect() as connection:
