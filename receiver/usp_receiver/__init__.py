@@ -45,7 +45,7 @@ from usp_receiver._keys import DEFAULT_ALGORITHMS, KeyResolver, PublicKey, Signi
 from usp_receiver._receive import Outcome, ReceivedWebhook, WebhookReceiver, problem_outcome
 from usp_receiver._sign import SignedMember, sign_message, sign_request
 from usp_receiver._verify import PROFILE_COMPONENTS, USP_TAG, VerificationPolicy, Verified, Verifier
-from usp_receiver.messages import MESSAGE_COMPONENTS, sign_message_headers, verify_message
+from usp_receiver.messages import MESSAGE_COMPONENTS, destination, sign_message_headers, verify_message
 
 __all__ = [
     "DEFAULT_ALGORITHMS",
@@ -86,6 +86,7 @@ __all__ = [
     "canonical_notification_payload",
     "check_content_digest",
     "content_digest",
+    "destination",
     "jwk_thumbprint",
     "problem_outcome",
     "sign_message",

@@ -36,13 +36,16 @@ _CONTENT_TYPE: Final = "application/json"
 _USERINFO = re.compile(r"^([a-z][a-z0-9+.\-]*://)[^/@]*@", re.IGNORECASE)
 
 
-def destination(url: str) -> str:
-    """The destination URL as signed: without the credentials in it.
+def destination(url: str, *, mask: str | None = None) -> str:
+    """The destination URL as signed: without the credentials in it (or, given ``mask``, with
+    them replaced by it, as views show a URL).
 
     >>> destination("amqp://usp:s3cret@rabbit.internal:5672/%2F?exchange=usp")
     'amqp://rabbit.internal:5672/%2F?exchange=usp'
+    >>> destination("amqp://usp:s3cret@rabbit.internal:5672/%2F", mask="***")
+    'amqp://***@rabbit.internal:5672/%2F'
     """
-    return _USERINFO.sub(r"\1", url)
+    return _USERINFO.sub(r"\1" if mask is None else rf"\1{mask}@", url)
 
 
 def sign_message_headers(

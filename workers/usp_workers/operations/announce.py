@@ -6,13 +6,13 @@ nothing (docs/architecture.md, "Operational events")."""
 
 from __future__ import annotations
 
-import re
 from datetime import datetime
 from typing import Any
 
 import sqlalchemy as sa
 from sqlmodel import Session, SQLModel
 
+from usp_receiver import destination
 from usp_schemas import OPERATIONAL_EVENT_TYPES, new_event_id
 from usp_workers.engine import health
 from usp_workers.engine.outbox import emit
@@ -39,7 +39,6 @@ _notices: sa.Table = SQLModel.metadata.tables[Notice.__tablename__]
 _subscriptions: sa.Table = SQLModel.metadata.tables[Subscription.__tablename__]
 _deliveries: sa.Table = SQLModel.metadata.tables[Delivery.__tablename__]
 _events: sa.Table = SQLModel.metadata.tables[EventRecord.__tablename__]
-_USERINFO = re.compile(r"^([a-z][a-z0-9+.\-]*://)[^/@]*@", re.IGNORECASE)
 
 
 def masked_url(url: str) -> str:
@@ -48,7 +47,7 @@ def masked_url(url: str) -> str:
     >>> masked_url("amqp://usp:s3cret@broker:5672/%2f?exchange=x")
     'amqp://***@broker:5672/%2f?exchange=x'
     """
-    return _USERINFO.sub(r"\1***@", url)
+    return destination(url, mask="***")
 
 
 def announce_notices(session: Session, *, limit: int = 500) -> int:
