@@ -4,7 +4,6 @@ delivery rows ``emit``, a replay and a recover's back-fill write by them."""
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import pytest
@@ -16,7 +15,7 @@ from usp_workers.engine.filters import LIMITS, FilterError, compile_filter
 from usp_workers.engine.outbox import emit, refusal
 from usp_workers.operations import Conflict, replay_event
 from usp_workers.storage.db import session
-from usp_workers.storage.models import Subscription
+from usp_workers.storage.models import EventRecord, Subscription
 
 EVENT: dict[str, Any] = {
     "event": "booking.confirmed",
@@ -155,13 +154,7 @@ def test_emit_writes_no_delivery_for_an_event_the_filter_refuses(database: Engin
     with session(database) as s:
         row = s.get(Subscription, massages)
         assert row is not None
-        stored = json.dumps(booking_event())
-        why = refusal(
-            "booking.confirmed",
-            None,
-            stored,
-            event_types=row.event_types,
-            platform_profile=row.platform_profile,
-            payload_filter=row.payload_filter,
-        )
+        record = s.get(EventRecord, haircut)
+        assert record is not None
+        why = refusal(record, row)
     assert why == 'its filter: data.service_id prefix "svc_massage" (found "svc_haircut_001")'

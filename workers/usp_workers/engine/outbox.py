@@ -13,7 +13,7 @@ import json
 import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 import sqlalchemy as sa
 from sqlalchemy.orm import Session as ORMSession
@@ -242,26 +242,34 @@ def _compiled(text: str) -> Filter | None:
     return parse_filter(text)
 
 
-def refusal(
-    event_type: str,
-    audience: str | None,
-    payload: str,
-    *,
-    event_types: str,
-    platform_profile: str | None,
-    payload_filter: str | None,
-) -> str | None:
-    """Why a subscription (its stored ``event_types``, profile and filter) does not take an
-    event, in a sentence; ``None`` when it does. What :func:`emit` decides, for replays, back-fills
-    and the console's account of an event."""
-    if not event_matches(event_type, json.loads(event_types)):
-        return f"not subscribed to {event_type}"
-    if not reaches(platform_profile, audience):
+class Stored(Protocol):
+    """What :func:`refusal` reads of an event (an :class:`EventRecord`)."""
+
+    event_type: str
+    audience: str | None
+    payload: str
+
+
+class Subscribing(Protocol):
+    """What :func:`refusal` reads of a subscription (a :class:`Subscription` or a row of it)."""
+
+    event_types: str
+    platform_profile: str | None
+    payload_filter: str | None
+
+
+def refusal(event: Stored, subscription: Subscribing) -> str | None:
+    """Why ``subscription`` (its stored ``event_types``, profile and filter) does not take
+    ``event``, in a sentence; ``None`` when it does. What :func:`emit` decides, for replays,
+    back-fills and the console's account of an event."""
+    if not event_matches(event.event_type, json.loads(subscription.event_types)):
+        return f"not subscribed to {event.event_type}"
+    if not reaches(subscription.platform_profile, event.audience):
         return "the event is not for this subscription's platform"
-    compiled = stored_filter(payload_filter)
+    compiled = stored_filter(subscription.payload_filter)
     if compiled is None:
         return None
-    judged = compiled.judge(json.loads(payload))
+    judged = compiled.judge(json.loads(event.payload))
     return None if judged.passed else f"its filter: {judged.why}"
 
 

@@ -132,14 +132,7 @@ def event_matching(session: Session, event_id: str) -> list[Matching]:
     )
     matching = []
     for row in rows:
-        why = refusal(
-            record.event_type,
-            record.audience,
-            record.payload,
-            event_types=row.event_types,
-            platform_profile=row.platform_profile,
-            payload_filter=row.payload_filter,
-        )
+        why = refusal(record, row)
         if why is None and row.state != SubscriptionState.ACTIVE.value:
             why = f"it is {row.state}"
         matching.append(Matching(row.id, masked_url(row.url), why))

@@ -55,19 +55,7 @@ def replay_event(
             .where(_subscriptions.c.state == SubscriptionState.ACTIVE.value)
             .order_by(_subscriptions.c.id)
         )
-        targets = [
-            (row.id, row.ordering)
-            for row in rows
-            if refusal(
-                record.event_type,
-                record.audience,
-                record.payload,
-                event_types=row.event_types,
-                platform_profile=row.platform_profile,
-                payload_filter=row.payload_filter,
-            )
-            is None
-        ]
+        targets = [(row.id, row.ordering) for row in rows if refusal(record, row) is None]
     moment = now()
     created = [(new_id("dlv"), target) for target, _ in targets]
     if created:
@@ -133,14 +121,7 @@ def _check_target(subscription: Subscription, record: EventRecord) -> None:
             "audience_mismatch",
             f"event {record.id} is not for subscription {subscription.id!r}'s platform",
         )
-    why = refusal(
-        record.event_type,
-        record.audience,
-        record.payload,
-        event_types=subscription.event_types,
-        platform_profile=subscription.platform_profile,
-        payload_filter=subscription.payload_filter,
-    )
+    why = refusal(record, subscription)
     if why is not None:
         raise Conflict(
             "filtered_out", f"subscription {subscription.id!r} does not take event {record.id}: {why}"
