@@ -50,6 +50,7 @@ async def authenticate_http(
     resolver: Resolver | None = None,
     directories: DirectoryCache | None = None,
     nonces: NonceCheck | None = None,
+    session: Session | None = None,
 ) -> Identity | None:
     """The identity an HTTP request's credential proves; ``None`` when it presents none.
 
@@ -59,6 +60,10 @@ async def authenticate_http(
     is the identity. A booking-scoped credential sent as a bearer token is ignored here: it
     travels in ``_meta.usp.authorization`` and :func:`authorize` judges it. Mechanisms the policy
     does not offer are ignored too (the admin token always counts).
+
+    An API key is looked up on ``session`` when one is given, and the session is left open: the
+    call's authorization and its work then go on in that transaction (one per call, and a key
+    revoked meanwhile is refused by the lookup of the next call); otherwise on a session of its own.
     """
     policy = AuthorizationPolicy.from_settings(settings)
     lowered = {name.lower(): value for name, value in headers.items()}
@@ -71,7 +76,7 @@ async def authenticate_http(
             raise unauthenticated("Authorization must be 'Bearer <token>'")
         if not looks_like_booking_credential(token):
             identity = await anyio.to_thread.run_sync(
-                _bearer, engine, settings, token, policy.offers("bearer")
+                _bearer, engine, settings, token, policy.offers("bearer"), session
             )
     signed = "signature" in lowered or "signature-input" in lowered
     if signed and policy.offers("http_message_signatures"):
@@ -202,7 +207,11 @@ class _Scoped:
     ignored: str | None = None
 
 
-def _bearer(engine: Engine, settings: ApiSettings, token: str, keys_offered: bool) -> Identity:
+def _bearer(
+    engine: Engine, settings: ApiSettings, token: str, keys_offered: bool, held: Session | None
+) -> Identity:
+    if held is not None:
+        return authenticate_bearer(held, settings, token, keys_offered=keys_offered)
     with db.session(engine) as session:
         return authenticate_bearer(session, settings, token, keys_offered=keys_offered)
 

@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from datetime import date
+from functools import partial
 from typing import Annotated, Any, Final
 
 import anyio.to_thread
@@ -16,6 +18,7 @@ from fastapi import APIRouter, Depends, Header, Query, Request
 from fastapi.responses import JSONResponse
 from mcp.shared.exceptions import MCPError
 from pydantic import ValidationError
+from sqlmodel import Session
 
 from usp_dispatcher import access, domain
 from usp_dispatcher.access import AccessError
@@ -24,7 +27,7 @@ from usp_dispatcher.access.nonces import nonces_for
 from usp_dispatcher.domain.content import AvailabilityContent, BookingContent, CatalogContent, WaitlistContent
 from usp_dispatcher.domain.inputs import BookingIn, CancelIn, RescheduleIn, WaitlistIn
 from usp_dispatcher.mcp.protocol import validation_text
-from usp_dispatcher.mcp.tools import REST_ONLY, TOOLS_BY_NAME, ToolCall, ToolSpec, UspMeta, read_meta
+from usp_dispatcher.mcp.tools import REST_ONLY, TOOLS_BY_NAME, ToolCall, ToolSpec, UspMeta, read_meta, release
 from usp_dispatcher.web.problems import HTTPProblem
 from usp_schemas import StructuredContent
 from usp_workers.storage import db
@@ -283,59 +286,65 @@ async def leave_waitlist(
 
 @dataclass(frozen=True)
 class _Authorized:
-    """A request the policy let through: who calls, and its ``_meta.usp``."""
+    """A request the policy let through: who calls, its ``_meta.usp``, and the session it was
+    authorized on (the call's work goes on in its transaction)."""
 
     caller: access.Caller
     meta: UspMeta
+    session: Session
 
 
 def _authorized(operation: str) -> Any:
     """The dependency authorizing ``operation``: it runs before the body is validated, so an
-    unauthenticated caller learns that first (as from every other protected route)."""
+    unauthenticated caller learns that first (as from every other protected route). The key
+    lookup, the authorization and the call's work are one transaction, on one session it closes."""
     spec = TOOLS_BY_NAME.get(operation) or REST_ONLY[operation]
 
-    async def dependency(request: Request) -> _Authorized:
+    async def dependency(request: Request) -> AsyncIterator[_Authorized]:
         engine = request.app.state.engine
         settings = request.app.state.settings
         body = await request.body()
+        session = db.session(engine)
         try:
-            identity = await access.authenticate_http(
-                request.method,
-                str(request.url),
-                request.headers,
-                body,
-                engine=engine,
-                settings=settings,
-                resolver=getattr(request.app.state, "target_resolver", None),
-                nonces=nonces_for(engine, settings),
-            )
-        except AccessError as exc:
-            raise _problem(exc, presented=True) from None
-        arguments = {**request.path_params, "_meta": {"usp": _usp_meta(request)}}
-        try:
-            meta = read_meta(arguments)
-        except ValidationError as exc:
-            raise HTTPProblem(
-                422, "invalid_request", "Invalid request", _rest_words(validation_text(exc))
-            ) from None
-        params = {"method": request.method, "target": _target(request), "body": _json_or_none(body)}
-
-        def authorize() -> access.Caller:
-            with db.session(engine) as session:
-                return access.authorize(
-                    session,
-                    settings,
-                    tool=spec.name,
-                    access=spec.access,
-                    arguments=arguments,
-                    params=params,
-                    identity=identity,
+            try:
+                identity = await access.authenticate_http(
+                    request.method,
+                    str(request.url),
+                    request.headers,
+                    body,
+                    engine=engine,
+                    settings=settings,
+                    resolver=getattr(request.app.state, "target_resolver", None),
+                    nonces=nonces_for(engine, settings),
+                    session=session,
                 )
-
-        try:
-            return _Authorized(await anyio.to_thread.run_sync(authorize), meta)
-        except AccessError as exc:
-            raise _problem(exc, presented=False) from None
+            except AccessError as exc:
+                raise _problem(exc, presented=True) from None
+            arguments = {**request.path_params, "_meta": {"usp": _usp_meta(request)}}
+            try:
+                meta = read_meta(arguments)
+            except ValidationError as exc:
+                raise HTTPProblem(
+                    422, "invalid_request", "Invalid request", _rest_words(validation_text(exc))
+                ) from None
+            params = {"method": request.method, "target": _target(request), "body": _json_or_none(body)}
+            authorize = partial(
+                access.authorize,
+                session,
+                settings,
+                tool=spec.name,
+                access=spec.access,
+                arguments=arguments,
+                params=params,
+                identity=identity,
+            )
+            try:
+                caller = await anyio.to_thread.run_sync(authorize)
+            except AccessError as exc:
+                raise _problem(exc, presented=False) from None
+            yield _Authorized(caller, meta, session)
+        finally:
+            await release(session)
 
     return Depends(dependency)
 
@@ -359,6 +368,7 @@ async def _serve(
         meta,
         meta.correlation_id,
         getattr(state, "target_resolver", None),
+        held=[authorized.session],
     )
     try:
         answer = await spec.handler(call, spec.arguments.model_validate(arguments))

@@ -30,6 +30,7 @@ from mcp.server.streamable_http_manager import (
 )
 from mcp.server.transport_security import TransportSecuritySettings
 from sqlalchemy.engine import Engine
+from sqlmodel import Session
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
@@ -40,10 +41,13 @@ from usp_dispatcher.access.nonces import nonces_for
 from usp_dispatcher.access.signatures import NonceCheck
 from usp_dispatcher.mcp.event_store import DEFAULT_MAX_AGE, DEFAULT_MAX_EVENTS, SessionEventStore
 from usp_dispatcher.mcp.live import DEFAULT_POLL_INTERVAL, LiveHub
+from usp_dispatcher.mcp.principals import SESSION_STATE
 from usp_dispatcher.mcp.protocol import INTERNAL_ERROR, error_object, parse_message
 from usp_dispatcher.mcp.server import build_server
+from usp_dispatcher.mcp.tools import TOOLS_BY_NAME, release
 from usp_dispatcher.text import json_too_deep
 from usp_workers.settings import ApiSettings
+from usp_workers.storage import db
 
 __all__ = ["HTTP_SESSION_PREFIX", "MCP_PATH", "MCPEndpoint", "ServerFactory", "default_security", "mount_mcp"]
 
@@ -198,6 +202,27 @@ class MCPEndpoint:
             return
         body, receive = await _buffered(receive)
         request = Request(scope)
+        parsed = parse_message(body) if request.method == "POST" else None
+        # A USP tool call is one transaction: the key lookup here, its authorization and its
+        # work in the tool (which takes the session from the box, and then closes it).
+        box = [db.session(running.engine)] if _calls_a_usp_tool(parsed) else []
+        try:
+            await self._serve_authenticated(request, body, parsed, box, running, receive, send)
+        finally:
+            while box:  # not taken: the request went no further than the lookup
+                await release(box.pop())
+
+    async def _serve_authenticated(
+        self,
+        request: Request,
+        body: bytes,
+        parsed: types.JSONRPCMessage | types.JSONRPCError | None,
+        box: list[Session],
+        running: _Running,
+        receive: Receive,
+        send: Send,
+    ) -> None:
+        scope = request.scope
         try:
             identity = await authenticate_http(
                 request.method,
@@ -208,6 +233,7 @@ class MCPEndpoint:
                 settings=self._settings,
                 resolver=getattr(self._app.state, "target_resolver", None),
                 nonces=running.nonces,
+                session=box[0] if box else None,
             )
         except AccessError as exc:
             response = _rpc_error(401, exc.code, exc.detail, request_id=_request_id(body), message=exc.reason)
@@ -219,15 +245,15 @@ class MCPEndpoint:
             logger.exception("MCP request authentication failed")
             await _rpc_error(500, INTERNAL_ERROR, request_id=_request_id(body))(scope, receive, send)
             return
-        if request.method == "POST":
-            parsed = parse_message(body)
-            if isinstance(parsed, types.JSONRPCError):
-                # Answered here, as stdio answers a broken line: the SDK's own answers to these
-                # are not in the binding's shape (a -32602 that echoes the input, among others).
-                answer = parsed.model_dump(mode="json", by_alias=True, exclude_unset=True)
-                await JSONResponse(answer, status_code=400)(scope, receive, send)
-                return
-        scope.setdefault("state", {})["usp_identity"] = identity
+        if isinstance(parsed, types.JSONRPCError):
+            # Answered here, as stdio answers a broken line: the SDK's own answers to these
+            # are not in the binding's shape (a -32602 that echoes the input, among others).
+            answer = parsed.model_dump(mode="json", by_alias=True, exclude_unset=True)
+            await JSONResponse(answer, status_code=400)(scope, receive, send)
+            return
+        state = scope.setdefault("state", {})
+        state["usp_identity"] = identity
+        state[SESSION_STATE] = box
         if identity is not None:
             # The SDK binds a session to the credential that opened it through the scope's
             # user (its authorization_context); the token itself is never needed, nor kept.
@@ -308,6 +334,13 @@ async def _buffered(receive: Receive) -> tuple[bytes, Receive]:
         return replay.pop(0) if replay else await receive()
 
     return body, replaying
+
+
+def _calls_a_usp_tool(message: types.JSONRPCMessage | types.JSONRPCError | None) -> bool:
+    if not isinstance(message, types.JSONRPCRequest) or message.method != "tools/call":
+        return False
+    name = (message.params or {}).get("name")
+    return isinstance(name, str) and name in TOOLS_BY_NAME
 
 
 def _request_id(body: bytes) -> int | str | None:

@@ -7,6 +7,7 @@ Why it works this way: docs/architecture.md, "Notes by module", ``usp_dispatcher
 from __future__ import annotations
 
 from collections.abc import Mapping
+from functools import partial
 from typing import Any, Final
 
 import anyio.to_thread
@@ -16,12 +17,13 @@ from mcp.server.lowlevel import Server
 from mcp.shared.exceptions import MCPError
 from pydantic import ValidationError
 from sqlalchemy.engine import Engine
+from sqlmodel import Session
 
 from usp_dispatcher import access
 from usp_dispatcher.access import AccessError, Caller, Identity
 from usp_dispatcher.mcp.listen import LISTEN_FILTER, listen_handler
 from usp_dispatcher.mcp.live import LiveHub, notification_sender
-from usp_dispatcher.mcp.principals import request_identity
+from usp_dispatcher.mcp.principals import request_identity, take_session
 from usp_dispatcher.mcp.protocol import (
     INVALID_PARAMS,
     METHOD_NOT_FOUND,
@@ -31,7 +33,7 @@ from usp_dispatcher.mcp.protocol import (
     validation_text,
 )
 from usp_dispatcher.mcp.results import envelope
-from usp_dispatcher.mcp.tools import TOOLS, TOOLS_BY_NAME, ToolCall, ToolSpec, UspMeta, read_meta
+from usp_dispatcher.mcp.tools import TOOLS, TOOLS_BY_NAME, ToolCall, ToolSpec, UspMeta, read_meta, release
 from usp_dispatcher.mcp.ucap import call_ucap_tool
 from usp_dispatcher.text import NUL_REFUSED, contains_nul
 from usp_dispatcher.ucap.service import UcapService
@@ -103,7 +105,22 @@ def build_server(
             meta = read_meta(arguments)
         except ValidationError as exc:
             raise protocol_error(INVALID_PARAMS, f"_meta: {validation_text(exc)}") from None
-        caller = await _authorize(engine, settings, spec, arguments, ctx.params or {}, request_identity(ctx))
+        session = take_session(ctx)
+        try:
+            return await _call(spec, arguments, meta, ctx, session)
+        finally:
+            if session is not None:
+                await release(session)
+
+    async def _call(
+        spec: ToolSpec,
+        arguments: dict[str, Any],
+        meta: UspMeta,
+        ctx: ServerRequestContext[Any, Any],
+        session: Session | None,
+    ) -> types.CallToolResult:
+        identity = request_identity(ctx)
+        caller = await _authorize(engine, settings, spec, arguments, ctx.params or {}, identity, session)
         session_key = _session_key(ctx)
         # Only an authenticated principal's session is attached: an anonymous caller (allowed when
         # USP_REQUIRE_AUTHENTICATION is off) could name any profile and would receive its
@@ -127,7 +144,8 @@ def build_server(
         except ValidationError as exc:
             raise argument_error(exc) from None
         correlation_id = _correlation_id(ctx, meta)
-        call = ToolCall(engine, settings, caller, meta, correlation_id, resolver)
+        held = [session] if session is not None else []
+        call = ToolCall(engine, settings, caller, meta, correlation_id, resolver, held=held)
         body = await spec.handler(call, model)
         return envelope(body, capability=spec.capability, correlation_id=correlation_id)
 
@@ -187,18 +205,23 @@ async def _authorize(
     arguments: Mapping[str, Any],
     params: Mapping[str, Any],
     identity: Identity | None,
+    held: Session | None,
 ) -> Caller:
+    """Authorize on ``held`` (left open for the call's work) or on a session of its own."""
+
     def work() -> Caller:
+        authorize = partial(
+            access.authorize,
+            tool=spec.name,
+            access=spec.access,
+            arguments=arguments,
+            params=params,
+            identity=identity,
+        )
+        if held is not None:
+            return authorize(held, settings)
         with db.session(engine) as session:
-            return access.authorize(
-                session,
-                settings,
-                tool=spec.name,
-                access=spec.access,
-                arguments=arguments,
-                params=params,
-                identity=identity,
-            )
+            return authorize(session, settings)
 
     try:
         return await anyio.to_thread.run_sync(work)

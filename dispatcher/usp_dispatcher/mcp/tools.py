@@ -33,7 +33,7 @@ from usp_workers.settings import ApiSettings
 from usp_workers.storage import db
 from usp_workers.storage.models import OnDead, Ordering, Subscription, Transport
 
-__all__ = ["REST_ONLY", "TOOLS", "TOOLS_BY_NAME", "ToolCall", "ToolSpec", "UspMeta", "read_meta"]
+__all__ = ["REST_ONLY", "TOOLS", "TOOLS_BY_NAME", "ToolCall", "ToolSpec", "UspMeta", "read_meta", "release"]
 
 _T = TypeVar("_T")
 _ID = Field(min_length=1, max_length=128)
@@ -83,6 +83,10 @@ class ToolCall:
     resolver: Resolver | None = None
     #: Set by a state change answered from the idempotency store (REST says so in a header).
     replayed: list[bool] = field(default_factory=list)
+    #: The session the call was authenticated and authorized on, still open: the call's first
+    #: database work goes on in it, so a call is one transaction. Whoever opened it closes it
+    #: (:func:`release`).
+    held: list[Session] = field(default_factory=list)
 
     @property
     def principal(self) -> str:
@@ -98,13 +102,26 @@ class ToolCall:
         return name if len(name) <= 256 else "sha256:" + hashlib.sha256(name.encode()).hexdigest()
 
     async def db(self, work: Callable[[Session], _T]) -> _T:
-        """Run ``work`` with a fresh session, off the event loop (the database calls block)."""
-        return await anyio.to_thread.run_sync(partial(_in_session, self.engine, work))
+        """Run ``work`` off the event loop (the database calls block): on the held session the
+        first time, on a fresh one after."""
+        held = self.held.pop() if self.held else None
+        return await anyio.to_thread.run_sync(partial(_in_session, self.engine, work, held))
 
 
-def _in_session(engine: Engine, work: Callable[[Session], _T]) -> _T:
+def _in_session(engine: Engine, work: Callable[[Session], _T], held: Session | None) -> _T:
+    if held is not None:
+        return work(held)
     with db.session(engine) as session:
         return work(session)
+
+
+async def release(session: Session) -> None:
+    """Close a call's session; off the event loop when its work left a transaction open (the
+    rollback is a round trip), at once when it committed."""
+    if session.in_transaction():
+        await anyio.to_thread.run_sync(session.close)
+    else:
+        session.close()
 
 
 Handler = Callable[[ToolCall, Any], Awaitable[dict[str, Any]]]
