@@ -6,6 +6,7 @@ Why it works this way: docs/architecture.md, "Notes by module", ``usp_dispatcher
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Literal
 
 import anyio
@@ -14,11 +15,19 @@ import httpx
 from usp_workers.engine.ssrf import ResolvedTarget, new_client, send_pinned
 from usp_workers.settings import CommonSettings
 
-__all__ = ["DocumentUnavailable", "Failure", "fetch_document"]
+__all__ = ["Document", "DocumentUnavailable", "Failure", "fetch_document"]
 
 #: Why a document could not be had: no answer in time; no answer at all (refused, reset, TLS);
 #: a redirect (never followed); a status other than 200; a compressed body; a body too large.
 Failure = Literal["timeout", "unreachable", "redirect", "status", "compressed", "too_large"]
+
+
+@dataclass(frozen=True, slots=True)
+class Document:
+    """A fetched document: its body, and the headers that say how long it may be kept."""
+
+    body: bytes
+    headers: httpx.Headers
 
 
 class DocumentUnavailable(Exception):
@@ -33,8 +42,8 @@ class DocumentUnavailable(Exception):
 
 async def fetch_document(
     target: ResolvedTarget, settings: CommonSettings, *, accept: str, max_bytes: int, seconds: float
-) -> bytes:
-    """GET ``target``'s checked address and return the body of its 200 answer.
+) -> Document:
+    """GET ``target``'s checked address and return its 200 answer.
 
     Raises :class:`DocumentUnavailable` for a timeout (``seconds`` in all), a transport
     failure, a redirect, any other status, a compressed body or one over ``max_bytes``.
@@ -63,4 +72,4 @@ async def fetch_document(
         raise DocumentUnavailable("compressed")
     if response.truncated:
         raise DocumentUnavailable("too_large")
-    return response.content
+    return Document(response.content, response.headers)

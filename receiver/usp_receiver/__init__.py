@@ -32,7 +32,7 @@ from usp_receiver._errors import (
     UnknownKey,
     VerificationError,
 )
-from usp_receiver._jwks import JWKS, KeyRing, RemoteJWKS
+from usp_receiver._jwks import JWKS, KeyRing, RemoteJWKS, cache_lifetime
 from usp_receiver._jws import (
     JWS_TYP,
     VerifiedNotification,
@@ -83,6 +83,7 @@ __all__ = [
     "Verifier",
     "WebhookReceiver",
     "averify_notification_params",
+    "cache_lifetime",
     "canonical_notification_payload",
     "check_content_digest",
     "content_digest",

@@ -21,7 +21,7 @@ import httpx
 from usp_receiver._errors import KeyFetchError
 from usp_receiver._keys import KeyResolver, PublicKey
 
-__all__ = ["DEFAULT_MAX_BYTES", "JWKS", "KeyRing", "RemoteJWKS"]
+__all__ = ["DEFAULT_MAX_BYTES", "JWKS", "KeyRing", "RemoteJWKS", "cache_lifetime"]
 
 logger = logging.getLogger("usp_receiver")
 
@@ -167,6 +167,30 @@ def _usable_key(jwk: Mapping[str, Any]) -> PublicKey | None:
     except ValueError:
         # Unsupported alg, an RSA key without alg, bad coordinates: not ours to verify with.
         return None
+
+
+def cache_lifetime(headers: httpx.Headers, *, default: float, minimum: float, maximum: float) -> float:
+    """Seconds a response stays fresh, per RFC 9111 ``max-age`` and ``Age``, clamped to
+    ``[minimum, maximum]``; ``default`` without ``max-age``, ``minimum`` under ``no-store`` or
+    ``no-cache``.
+
+    >>> cache_lifetime(httpx.Headers({"Cache-Control": "public, max-age=600", "Age": "100"}),
+    ...                default=300, minimum=30, maximum=3600)
+    500.0
+    """
+    directives = [d.strip() for d in ",".join(headers.get_list("cache-control")).split(",")]
+    if any(d.lower() in {"no-store", "no-cache"} for d in directives):
+        return minimum
+    lifetime = default
+    for directive in directives:
+        match = _MAX_AGE.match(directive)
+        if match:
+            lifetime = float(match.group(1))
+            break
+    age = headers.get("age", "")
+    if age.isdigit():
+        lifetime -= float(age)
+    return min(max(lifetime, minimum), maximum)
 
 
 class RemoteJWKS:
@@ -397,20 +421,9 @@ class RemoteJWKS:
         )
 
     def _lifetime(self, headers: httpx.Headers) -> float:
-        """Seconds the response stays fresh, per RFC 9111 ``max-age`` and ``Age``, clamped."""
-        lifetime = self.default_max_age
-        directives = [d.strip() for d in ",".join(headers.get_list("cache-control")).split(",")]
-        if any(d.lower() in {"no-store", "no-cache"} for d in directives):
-            return self.min_refresh_interval
-        for directive in directives:
-            match = _MAX_AGE.match(directive)
-            if match:
-                lifetime = float(match.group(1))
-                break
-        age = headers.get("age", "")
-        if age.isdigit():
-            lifetime -= float(age)
-        return min(max(lifetime, self.min_refresh_interval), self.max_max_age)
+        return cache_lifetime(
+            headers, default=self.default_max_age, minimum=self.min_refresh_interval, maximum=self.max_max_age
+        )
 
     # -- transport --------------------------------------------------------------------------------
 

@@ -62,7 +62,10 @@ def settings() -> Settings:
 
 async def fetch(url: str, settings: Settings) -> bytes:
     target = await check_target(url, settings)
-    return await fetch_document(target, settings, accept="application/json", max_bytes=MAX, seconds=SECONDS)
+    document = await fetch_document(
+        target, settings, accept="application/json", max_bytes=MAX, seconds=SECONDS
+    )
+    return document.body
 
 
 async def test_a_200_answer_is_the_document(serve: Serve, settings: Settings) -> None:

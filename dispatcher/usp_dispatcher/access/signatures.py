@@ -6,14 +6,16 @@ Why it works this way: docs/architecture.md, "Notes by module", ``usp_dispatcher
 from __future__ import annotations
 
 import base64
+import logging
 import re
 import secrets
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Final
 
+import anyio
 import httpx
 
 from usp_dispatcher.access.errors import unauthenticated
@@ -27,6 +29,7 @@ from usp_receiver import (
     VerificationError,
     VerificationPolicy,
     Verifier,
+    cache_lifetime,
     content_digest,
     jwk_thumbprint,
     sign_message,
@@ -45,6 +48,8 @@ __all__ = [
     "verify_agent_signature",
     "web_bot_auth_headers",
 ]
+
+logger = logging.getLogger("usp_dispatcher")
 
 DIRECTORY_PATH: Final = "/.well-known/http-message-signatures-directory"
 WEB_BOT_AUTH_TAG: Final = "web-bot-auth"
@@ -253,26 +258,51 @@ class _DirectoryKeys:
         return self._keys.get(kid)
 
 
-@dataclass
+@dataclass(frozen=True)
 class _Entry:
-    fetched_at: float
+    """A directory as last fetched: its keys (``None`` when no fetch gave any), until when they are
+    fresh and until when a failed refresh may still serve them, when it was last asked for, and
+    why the last attempt failed."""
+
     keys: _DirectoryKeys | None
-    failure: str | None
+    fresh_until: float
+    usable_until: float
+    attempted_at: float
+    failure: str | None = None
 
 
 class DirectoryCache:
-    """Agents' key directories, fetched SSRF-safely and kept briefly (bounded, least recently used
-    out first).
+    """Agents' key directories, fetched SSRF-safely and cached as the receiver's ``RemoteJWKS``
+    caches a JWKS (bounded, least recently used out first):
 
-    ``ttl``: how long a directory is used without asking again; ``retry_after``: how soon a
-    failed fetch, or a refetch for an unknown ``keyid``, may be tried again.
+    * a copy is fresh for its answer's ``Cache-Control: max-age`` (less ``Age``), clamped to
+      ``[retry_after, max_ttl]``; for ``ttl`` without one;
+    * concurrent lookups of a directory that is not fresh share one fetch;
+    * a ``keyid`` the copy lacks refetches it, at most once per ``retry_after``;
+    * a failed refresh keeps the last keys in service, retried every ``retry_after``, for at most
+      ``stale_if_error`` seconds past their freshness: an agent is not locked out while its
+      directory is briefly down, and a key the directory dropped stops working that much later
+      at most. Without keys, the failure is answered for ``retry_after`` without asking again.
     """
 
-    def __init__(self, *, ttl: float = 60.0, retry_after: float = 10.0, max_entries: int = 1024) -> None:
+    def __init__(
+        self,
+        *,
+        ttl: float = 300.0,
+        retry_after: float = 10.0,
+        max_ttl: float = 3600.0,
+        stale_if_error: float = 600.0,
+        max_entries: int = 1024,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.ttl = ttl
         self.retry_after = retry_after
+        self.max_ttl = max_ttl
+        self.stale_if_error = stale_if_error
         self.max_entries = max_entries
         self._entries: OrderedDict[str, _Entry] = OrderedDict()
+        self._fetching: dict[str, anyio.Lock] = {}
+        self._clock = clock
 
     def clear(self) -> None:
         self._entries.clear()
@@ -286,24 +316,59 @@ class DirectoryCache:
         refresh: bool = False,
     ) -> _DirectoryKeys:
         """The directory's keys. ``refresh``: a signature named a key the cached copy lacks,
-        so fetch again unless the copy is younger than ``retry_after`` (then the same object is
-        returned, which tells the caller nothing changed)."""
-        moment = time.monotonic()
-        entry = self._entries.get(agent.directory_url)
-        if entry is not None:
-            age = moment - entry.fetched_at
-            fresh = age < (self.retry_after if entry.failure is not None or refresh else self.ttl)
-            if fresh:
-                self._entries.move_to_end(agent.directory_url)
-                if entry.keys is None:
-                    raise unauthenticated(entry.failure or "the agent's key directory is unavailable")
-                return entry.keys
+        so fetch again unless the last fetch is younger than ``retry_after`` (then the same object
+        is returned, which tells the caller nothing changed)."""
+        url = agent.directory_url
+        seen = self._entries.get(url)
+        if seen is not None and (kept := self._kept(seen, refresh)) is not None:
+            self._entries.move_to_end(url)
+            return kept
+        lock = self._fetching.setdefault(url, anyio.Lock())
         try:
-            keys = _DirectoryKeys(await _fetch_directory(agent.directory_url, settings, resolver))
+            async with lock:
+                entry = self._entries.get(url)
+                if entry is not None and entry is not seen:  # fetched while this call waited
+                    kept = entry.keys if entry.failure is None else self._kept(entry, False)
+                    if kept is not None:
+                        return kept
+                return await self._fetch(url, entry, settings, resolver)
+        finally:
+            if not lock.statistics().tasks_waiting:
+                self._fetching.pop(url, None)
+
+    def _kept(self, entry: _Entry, refresh: bool) -> _DirectoryKeys | None:
+        """The cached keys to answer with, ``None`` to fetch; raises for a failure still fresh."""
+        moment = self._clock()
+        if entry.keys is not None and not refresh and moment < entry.fresh_until:
+            return entry.keys
+        if moment - entry.attempted_at >= self.retry_after:
+            return None
+        if entry.keys is not None and moment < entry.usable_until:
+            return entry.keys
+        raise unauthenticated(entry.failure or "the agent's key directory is unavailable")
+
+    async def _fetch(
+        self, url: str, entry: _Entry | None, settings: ApiSettings, resolver: Resolver | None
+    ) -> _DirectoryKeys:
+        moment = self._clock()
+        try:
+            document = await _fetch_directory(url, settings, resolver)
         except _DirectoryUnavailable as exc:
-            self._store(agent.directory_url, _Entry(moment, None, str(exc)))
+            if entry is not None and entry.keys is not None and moment < entry.usable_until:
+                logger.warning(
+                    "agent key directory %s failed (%s); serving its cached keys, retrying in %.0f s",
+                    url,
+                    exc,
+                    self.retry_after,
+                )
+                self._store(url, replace(entry, attempted_at=moment, failure=str(exc)))
+                return entry.keys
+            self._store(url, _Entry(None, moment, moment, moment, str(exc)))
             raise unauthenticated(str(exc)) from None
-        self._store(agent.directory_url, _Entry(moment, keys, None))
+        keys, headers = document
+        lifetime = cache_lifetime(headers, default=self.ttl, minimum=self.retry_after, maximum=self.max_ttl)
+        fresh_until = moment + lifetime
+        self._store(url, _Entry(keys, fresh_until, fresh_until + self.stale_if_error, moment))
         return keys
 
     def _store(self, url: str, entry: _Entry) -> None:
@@ -321,7 +386,9 @@ class _DirectoryUnavailable(Exception):
     """The directory could not be fetched or read; the message is safe to show."""
 
 
-async def _fetch_directory(url: str, settings: ApiSettings, resolver: Resolver | None) -> JWKS:
+async def _fetch_directory(
+    url: str, settings: ApiSettings, resolver: Resolver | None
+) -> tuple[_DirectoryKeys, httpx.Headers]:
     try:
         target = await check_target(url, settings, resolver=resolver)
     except TargetRefused as exc:
@@ -329,13 +396,13 @@ async def _fetch_directory(url: str, settings: ApiSettings, resolver: Resolver |
             f"the agent's key directory is not a permitted address ({exc.reason})"
         ) from None
     try:
-        body = await fetch_document(
+        document = await fetch_document(
             target, settings, accept=_ACCEPT, max_bytes=MAX_DIRECTORY_BYTES, seconds=FETCH_TIMEOUT_SECONDS
         )
     except DocumentUnavailable as exc:
         raise _DirectoryUnavailable(_unavailable(exc)) from None
     try:
-        return JWKS.from_json(body)
+        return _DirectoryKeys(JWKS.from_json(document.body)), document.headers
     except ValueError:
         raise _DirectoryUnavailable("the agent's key directory is not a JWKS document") from None
 

@@ -72,11 +72,12 @@ async def _get_pinned(target: ResolvedTarget, settings: ApiSettings) -> bytes:
     checked address only, no redirects, :data:`FETCH_TIMEOUT_SECONDS` in all, at most
     :data:`MAX_PROFILE_BYTES`), or :class:`Refused` saying why not."""
     try:
-        return await fetch_document(
+        document = await fetch_document(
             target, settings, accept=_ACCEPT, max_bytes=MAX_PROFILE_BYTES, seconds=FETCH_TIMEOUT_SECONDS
         )
     except DocumentUnavailable as exc:
         raise _refusal(exc) from None
+    return document.body
 
 
 def _refusal(exc: DocumentUnavailable) -> Refused:

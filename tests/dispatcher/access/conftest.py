@@ -57,6 +57,7 @@ class Agent:
     directory: dict[str, Any] = field(default_factory=dict)
     status: int = 200
     fetches: int = 0
+    cache_control: str | None = None
 
 
 @pytest.fixture
@@ -69,7 +70,10 @@ def agent(serve: Serve) -> Agent:
         state.fetches += 1
         if state.status != 200:
             return Response(status_code=state.status)
-        return JSONResponse(state.directory, media_type="application/http-message-signatures-directory+json")
+        headers = {"Cache-Control": state.cache_control} if state.cache_control else None
+        return JSONResponse(
+            state.directory, media_type="application/http-message-signatures-directory+json", headers=headers
+        )
 
     app = Starlette(routes=[Route("/.well-known/http-message-signatures-directory", directory)])
     state.origin = serve(app)

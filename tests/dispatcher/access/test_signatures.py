@@ -10,6 +10,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+import anyio
 import pytest
 from http_message_signatures import HTTPMessageVerifier, MappingKeyResolver, algorithms
 from sqlalchemy.engine import Engine
@@ -333,6 +334,100 @@ async def test_unknown_keyid_does_not_refetch_within_retry_after(
     for _ in range(3):
         await refused(agent, signed(agent, key=SigningKey.generate()), settings, directories)
     assert agent.fetches == 1
+
+
+class Clock:
+    """A monotonic clock the test moves."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+async def test_a_directory_is_kept_as_long_as_its_cache_control_says(
+    agent: Agent, settings: Settings
+) -> None:
+    """``max-age`` past the default five minutes is honoured; clamped to ``max_ttl``."""
+    clock = Clock()
+    cache = DirectoryCache(clock=clock, max_ttl=1800)
+    agent.cache_control = "public, max-age=900"
+    await verify(agent, signed(agent), settings, cache)
+    clock.now += 899
+    await verify(agent, signed(agent), settings, cache)
+    assert agent.fetches == 1
+    clock.now += 2
+    await verify(agent, signed(agent), settings, cache)
+    assert agent.fetches == 2
+    agent.cache_control = "max-age=86400"
+    clock.now += 901
+    await verify(agent, signed(agent), settings, cache)
+    clock.now += 1801
+    await verify(agent, signed(agent), settings, cache)
+    assert agent.fetches == 4  # a day asked for, half an hour kept
+
+
+async def test_no_cache_keeps_a_directory_for_retry_after_only(agent: Agent, settings: Settings) -> None:
+    clock = Clock()
+    cache = DirectoryCache(clock=clock, retry_after=10)
+    agent.cache_control = "no-cache"
+    await verify(agent, signed(agent), settings, cache)
+    clock.now += 11
+    await verify(agent, signed(agent), settings, cache)
+    assert agent.fetches == 2
+
+
+async def test_concurrent_lookups_of_a_cold_directory_share_one_fetch(
+    agent: Agent, settings: Settings, directories: DirectoryCache
+) -> None:
+    identities: list[Identity] = []
+
+    async def one() -> None:
+        identities.append(await verify(agent, signed(agent), settings, directories))
+
+    async with anyio.create_task_group() as group:
+        for _ in range(8):
+            group.start_soon(one)
+    assert len(identities) == 8
+    assert agent.fetches == 1
+
+
+async def test_a_failed_refresh_serves_the_cached_keys_for_stale_if_error_only(
+    agent: Agent, settings: Settings
+) -> None:
+    """The directory down: its last keys keep verifying (asked again every ``retry_after``) until
+    ``stale_if_error`` past their freshness, then the agent is refused."""
+    clock = Clock()
+    cache = DirectoryCache(clock=clock, ttl=300, retry_after=10, stale_if_error=600)
+    await verify(agent, signed(agent), settings, cache)
+    agent.status = 503
+    clock.now += 301
+    await verify(agent, signed(agent), settings, cache)
+    await verify(agent, signed(agent), settings, cache)
+    assert agent.fetches == 2  # the failure is not asked again within retry_after
+    clock.now += 11
+    await verify(agent, signed(agent), settings, cache)
+    assert agent.fetches == 3
+    clock.now += 600
+    assert "answered 503" in await refused(agent, signed(agent), settings, cache)
+    agent.status = 200
+    clock.now += 11
+    await verify(agent, signed(agent), settings, cache)
+
+
+async def test_a_directory_never_fetched_is_refused_while_down_and_not_asked_again_at_once(
+    agent: Agent, settings: Settings
+) -> None:
+    clock = Clock()
+    cache = DirectoryCache(clock=clock, retry_after=10)
+    agent.status = 500
+    for _ in range(3):
+        await refused(agent, signed(agent), settings, cache)
+    assert agent.fetches == 1
+    clock.now += 11
+    await refused(agent, signed(agent), settings, cache)
+    assert agent.fetches == 2
 
 
 async def test_http_booking_credential_as_bearer_is_not_an_identity(
