@@ -273,15 +273,19 @@ def _resolve(session: Session, item_id: str) -> tuple[str, PublicationRow | Post
 
 
 def find_post(session: Session, publisher_id: str, post_id: str) -> tuple[PublicationRow, PostRow]:
-    """The post, within its publication (by id or slug); 404 ``content_not_found`` otherwise."""
-    post = session.get(PostRow, post_id)
-    publication = (
-        session.get(PublicationRow, publisher_id)
-        or session.exec(select(PublicationRow).where(PublicationRow.slug == publisher_id)).first()
-    )
-    if post is None or publication is None or post.publication_id != publication.id:
+    """The post, within its publication (by id or slug); 404 ``content_not_found`` otherwise.
+
+    One statement, as every read begins here. An id (``pub_…``) never reads as a slug, which has
+    no ``_``, so the two never name different publications."""
+    named = sa.or_(col(PublicationRow.id) == publisher_id, col(PublicationRow.slug) == publisher_id)
+    found = session.exec(
+        select(PublicationRow, PostRow)
+        .join(PostRow, col(PostRow.publication_id) == col(PublicationRow.id))
+        .where(col(PostRow.id) == post_id, named)
+    ).first()
+    if found is None:
         raise not_found("No such post in that publication.")
-    return publication, post
+    return found[0], found[1]
 
 
 def post_by_url(session: Session, url: str) -> tuple[PublicationRow, PostRow]:
@@ -488,9 +492,11 @@ def _unlocking(session: Session, post_ids: list[str]) -> dict[str, list[str]]:
     if not post_ids:
         return {}
     found: dict[str, list[str]] = {}
-    rows = session.exec(
-        select(PostTierRow).where(col(PostTierRow.post_id).in_(post_ids)).order_by(col(PostTierRow.tier_id))
-    ).all()
-    for row in rows:
-        found.setdefault(row.post_id, []).append(row.tier_id)
+    rows = session.connection().execute(  # Core: two strings a row, no objects to build
+        sa.select(col(PostTierRow.post_id), col(PostTierRow.tier_id))
+        .where(col(PostTierRow.post_id).in_(post_ids))
+        .order_by(col(PostTierRow.tier_id))
+    )
+    for post_id, tier_id in rows:
+        found.setdefault(post_id, []).append(tier_id)
     return found

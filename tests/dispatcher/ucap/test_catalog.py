@@ -12,6 +12,8 @@ from fastapi.testclient import TestClient
 from sqlalchemy.engine import Engine
 
 from tests.dispatcher.ucap.conftest import Agent, signed
+from usp_dispatcher.ucap.answers import UcapError
+from usp_dispatcher.ucap.catalog import find_post
 from usp_dispatcher.ucap.publishing import PostIn, PublicationIn, TierIn, add_post, add_publication
 from usp_dispatcher.ucap.search import CANDIDATES, SearchQuery, index_document
 from usp_dispatcher.ucap.search import search as search_index
@@ -73,6 +75,23 @@ def library(api: TestClient, engine: Engine) -> None:
                 ),
             )
         session.commit()
+
+
+def test_a_post_is_found_in_its_publication_by_id_or_slug_only(engine: Engine, library: None) -> None:
+    with db.session(engine) as session:
+        for publisher in ("pub_astro", "astro"):
+            publication, post = find_post(session, publisher, "post_astro_3")
+            assert (publication.id, post.id) == ("pub_astro", "post_astro_3")
+        for publisher, post_id in (
+            (DEMO_PUBLICATION, "post_astro_3"),  # another publication's post
+            ("ai-weekly", "post_astro_3"),
+            ("pub_astro", DEMO_PAID_POST),
+            ("pub_astro", "post_nope"),
+            ("pub_nope", "post_astro_3"),
+        ):
+            with pytest.raises(UcapError) as caught:
+                find_post(session, publisher, post_id)
+            assert caught.value.status == 404
 
 
 def test_search_ranks_by_relevance_not_substring(api: TestClient, alice: Agent, library: None) -> None:
