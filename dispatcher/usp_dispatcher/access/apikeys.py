@@ -11,6 +11,7 @@ import re
 import secrets
 from typing import Final
 
+import sqlalchemy as sa
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, col, select
 
@@ -95,12 +96,16 @@ def list_api_keys(session: Session) -> list[ApiKeyRow]:
     return list(session.exec(select(ApiKeyRow).order_by(col(ApiKeyRow.created_at), col(ApiKeyRow.id))).all())
 
 
-def lookup_api_key(session: Session, token: str) -> ApiKeyRow | None:
-    """The live (unrevoked) key whose plaintext is ``token``, or ``None``."""
+def lookup_api_key(session: Session, token: str) -> str | None:
+    """The principal name of the live (unrevoked) key whose plaintext is ``token``, or ``None``.
+    Core, not the ORM: every authenticated request runs it (bench/statements.py)."""
     if not token.startswith(KEY_PREFIX) or len(token) > _MAX_TOKEN:
         return None
-    row = session.exec(select(ApiKeyRow).where(ApiKeyRow.token_hash == hash_api_key(token))).first()
-    return row if row is not None and row.revoked_at is None else None
+    statement = sa.select(col(ApiKeyRow.principal)).where(
+        col(ApiKeyRow.token_hash) == hash_api_key(token), col(ApiKeyRow.revoked_at).is_(None)
+    )
+    principal: str | None = session.connection().execute(statement).scalar()
+    return principal
 
 
 def still_authenticates(session: Session, principal: str) -> bool:
@@ -131,14 +136,14 @@ def authenticate_bearer(
     configured = settings.admin_token.get_secret_value() if settings.admin_token is not None else ""
     if configured and hmac.compare_digest(token.encode("utf-8"), configured.encode("utf-8")):
         return Identity(BUSINESS, "bearer")
-    row = lookup_api_key(session, token) if keys_offered else None
-    if row is None:
+    principal = lookup_api_key(session, token) if keys_offered else None
+    if principal is None:
         raise unauthenticated(
             "the bearer credential is not a valid API key"
             if keys_offered
             else "bearer API keys are not accepted here"
         )
-    return Identity(f"key:{row.principal}", "bearer")
+    return Identity(f"key:{principal}", "bearer")
 
 
 def _bind(session: Session, principal: str, profile: str) -> None:

@@ -10,7 +10,7 @@ from typing import Final
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import IntegrityError
-from sqlmodel import Session, select
+from sqlmodel import Session, col
 
 from usp_dispatcher.access.errors import forbidden
 from usp_dispatcher.domain.tables import PrincipalProfileRow
@@ -41,10 +41,11 @@ def bind_profile(session: Session, principal: str, profile: str) -> None:
 
 def bound_profile(session: Session, principal: str) -> str | None:
     """The profile ``principal`` is bound to, read from the database (not the session's cache)."""
-    row = session.exec(
-        select(PrincipalProfileRow.profile).where(PrincipalProfileRow.principal == principal)
-    ).first()
-    return row
+    statement = sa.select(col(PrincipalProfileRow.profile)).where(
+        col(PrincipalProfileRow.principal) == principal
+    )
+    profile: str | None = session.connection().execute(statement).scalar()
+    return profile
 
 
 def _record(session: Session, principal: str, profile: str) -> None:

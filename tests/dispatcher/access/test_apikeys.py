@@ -18,6 +18,7 @@ from usp_dispatcher.access import (
     authenticate_bearer,
     bound_profile,
     issue_api_key,
+    list_api_keys,
     revoke_api_key,
 )
 from usp_dispatcher.access.apikeys import create_api_key, hash_api_key, lookup_api_key
@@ -101,8 +102,9 @@ def test_cli_creates_lists_and_revokes(migrated: Engine, database_url: str, sess
     created = CliRunner().invoke(cli.app, ["api-keys", "create", "acme", "--label", "laptop"], env=env)
     assert created.exit_code == 0, created.output
     (plaintext,) = KEY_SHAPE.findall(created.output)
-    row = lookup_api_key(session, plaintext)
-    assert row is not None
+    assert lookup_api_key(session, plaintext) == "acme"
+    (row,) = list_api_keys(session)
+    assert row.token_hash == hash_api_key(plaintext)
     assert row.principal == "acme"
     assert row.label == "laptop"
     assert row.id in created.output
