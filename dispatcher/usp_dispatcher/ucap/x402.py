@@ -18,10 +18,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
-from eth_account import Account
-from eth_account.messages import encode_typed_data
-from eth_utils.exceptions import ValidationError as EthValidationError
-
 __all__ = [
     "NETWORK_NAMES",
     "PAYMENT_REQUIRED",
@@ -320,6 +316,12 @@ def _signer(authorization: Mapping[str, str], signature: str, requirement: Mappi
             "nonce": bytes.fromhex(authorization["nonce"][2:]),
         },
     }
+    # Imported here, on the first payment: eth-account pulls in py_ecc, whose BLS tables take
+    # about a second to build, and every API process and CLI command would pay it at start-up.
+    from eth_account import Account
+    from eth_account.messages import encode_typed_data
+    from eth_utils.exceptions import ValidationError as EthValidationError
+
     try:
         recovered = Account.recover_message(encode_typed_data(full_message=typed), signature=signature)
     except (EthValidationError, ValueError, TypeError):
