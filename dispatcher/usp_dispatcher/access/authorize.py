@@ -210,9 +210,7 @@ class _Scoped:
 def _bearer(
     engine: Engine, settings: ApiSettings, token: str, keys_offered: bool, held: Session | None
 ) -> Identity:
-    if held is not None:
-        return authenticate_bearer(held, settings, token, keys_offered=keys_offered)
-    with db.session(engine) as session:
+    with db.session_or_held(engine, held) as session:
         return authenticate_bearer(session, settings, token, keys_offered=keys_offered)
 
 

@@ -7,7 +7,6 @@ Why it works this way: docs/architecture.md, "Notes by module", ``usp_dispatcher
 from __future__ import annotations
 
 from collections.abc import Mapping
-from functools import partial
 from typing import Any, Final
 
 import anyio.to_thread
@@ -210,18 +209,16 @@ async def _authorize(
     """Authorize on ``held`` (left open for the call's work) or on a session of its own."""
 
     def work() -> Caller:
-        authorize = partial(
-            access.authorize,
-            tool=spec.name,
-            access=spec.access,
-            arguments=arguments,
-            params=params,
-            identity=identity,
-        )
-        if held is not None:
-            return authorize(held, settings)
-        with db.session(engine) as session:
-            return authorize(session, settings)
+        with db.session_or_held(engine, held) as session:
+            return access.authorize(
+                session,
+                settings,
+                tool=spec.name,
+                access=spec.access,
+                arguments=arguments,
+                params=params,
+                identity=identity,
+            )
 
     try:
         return await anyio.to_thread.run_sync(work)

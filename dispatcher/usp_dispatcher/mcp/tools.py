@@ -109,9 +109,7 @@ class ToolCall:
 
 
 def _in_session(engine: Engine, work: Callable[[Session], _T], held: Session | None) -> _T:
-    if held is not None:
-        return work(held)
-    with db.session(engine) as session:
+    with db.session_or_held(engine, held) as session:
         return work(session)
 
 

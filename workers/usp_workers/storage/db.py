@@ -8,6 +8,8 @@ tables tests run against are the tables production gets.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -22,7 +24,16 @@ from usp_workers.settings import CommonSettings
 if TYPE_CHECKING:
     from alembic.config import Config
 
-__all__ = ["MIGRATIONS", "Migrated", "lock_for_count", "make_engine", "run_migrations", "session", "upgrade"]
+__all__ = [
+    "MIGRATIONS",
+    "Migrated",
+    "lock_for_count",
+    "make_engine",
+    "run_migrations",
+    "session",
+    "session_or_held",
+    "upgrade",
+]
 
 MIGRATIONS = Path(__file__).with_name("migrations")
 #: Seconds a new PostgreSQL connection may take to open.
@@ -55,6 +66,17 @@ def make_engine(settings: CommonSettings | str) -> Engine:
 def session(engine: Engine) -> Session:
     """A session that keeps loaded objects usable after commit (we hand them to other layers)."""
     return Session(engine, expire_on_commit=False)
+
+
+@contextmanager
+def session_or_held(engine: Engine, held: Session | None) -> Iterator[Session]:
+    """``held`` when there is one, left open (whoever opened it closes it); else a new
+    :func:`session`, closed at the end of the block."""
+    if held is not None:
+        yield held
+        return
+    with session(engine) as fresh:
+        yield fresh
 
 
 def lock_for_count(session: Session, key: str, table: type[Any]) -> None:
