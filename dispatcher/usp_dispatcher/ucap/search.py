@@ -6,7 +6,9 @@ Why it works this way: docs/architecture.md, "Notes by module", ``usp_dispatcher
 
 from __future__ import annotations
 
+import math
 import re
+import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Final
@@ -139,38 +141,33 @@ def touch_publication(session: Session, publication_id: str, published_at: datet
 
 def search(session: Session, query: SearchQuery) -> Page:
     """One page of hits, best first, and how many there are (on PostgreSQL, at most
-    :data:`CANDIDATES`)."""
+    :data:`CANDIDATES`). Documents with every word; when there are none, with any."""
     words = tuple(dict.fromkeys(w.lower() for w in _WORD.findall(query.text or "")))[:_MAX_WORDS]
-    if _postgres(session):
-        return _postgres_search(session, query, words)
-    if not words:
-        return _sqlite_search(session, query, None)
-    every = _sqlite_search(session, query, " AND ".join(f'"{w}"' for w in words))
-    if every.total or len(words) == 1:
+    find = _postgres_search if _postgres(session) else _sqlite_search
+    every = find(session, query, words, True)
+    if every.total or len(words) < 2:
         return every
-    return _sqlite_search(session, query, " OR ".join(f'"{w}"' for w in words))
+    return find(session, query, words, False)
 
 
-def _postgres_search(session: Session, query: SearchQuery, words: tuple[str, ...]) -> Page:
+def _postgres_search(session: Session, query: SearchQuery, words: tuple[str, ...], every: bool) -> Page:
     params: dict[str, Any] = {"limit": query.limit, "offset": query.offset, "cap": CANDIDATES}
-    filters = "".join(f" AND {condition}" for condition in _filters(query, params, "s", postgres=True))
+    # The filters are written before the word test: PostgreSQL keeps the written order among
+    # conditions it costs alike, and the in-row tests spare reading the out-of-line tsvector.
+    filters = "".join(f"{condition} AND " for condition in _filters(query, params, "s", postgres=True))
     if words:
-        params |= {"every": " & ".join(words), "any": " | ".join(words)}
-        # The newest matches of every word; only when there are none, of any word. Their ids
-        # first (narrow rows, from a bitmap of the GIN index), then the candidates' rows, ranked
-        # on their compact vector.
+        params |= {"match": (" & " if every else " | ").join(words), "any": " | ".join(words)}
+        # The newest matches' ids first (narrow rows), then their rows, ranked on their compact
+        # vector.
         candidates = (
-            "WITH a AS (SELECT s.doc_id FROM ucap_search s WHERE s.document @@ to_tsquery('english', :every)"
-            f"{filters} ORDER BY s.published_at DESC LIMIT :cap), "
-            "o AS (SELECT s.doc_id FROM ucap_search s WHERE NOT EXISTS (SELECT 1 FROM a) AND "
-            f"s.document @@ to_tsquery('english', :any){filters} ORDER BY s.published_at DESC LIMIT :cap), "
-            "c AS (SELECT doc_id FROM a UNION ALL SELECT doc_id FROM o) "
+            f"WITH c AS (SELECT s.doc_id FROM ucap_search s WHERE {filters}"
+            "s.document @@ to_tsquery('english', :match) ORDER BY s.published_at DESC LIMIT :cap) "
         )
         score = "ts_rank_cd(s.headline, to_tsquery('english', :any), 32)"
         order = "score DESC, s.published_at DESC, s.doc_id"
     else:
         candidates = (
-            f"WITH c AS (SELECT s.doc_id FROM ucap_search s WHERE 1 = 1{filters} "
+            f"WITH c AS (SELECT s.doc_id FROM ucap_search s WHERE {filters}TRUE "
             "ORDER BY s.published_at DESC LIMIT :cap) "
         )
         score, order = "NULL", "s.published_at DESC, s.doc_id"
@@ -179,16 +176,17 @@ def _postgres_search(session: Session, query: SearchQuery, words: tuple[str, ...
         + f"SELECT s.doc_id, s.kind, s.publication_id, {score} AS score, count(*) OVER () AS total "
         f"FROM c JOIN ucap_search s ON s.doc_id = c.doc_id ORDER BY {order} LIMIT :limit OFFSET :offset"
     )
-    # The planner's cost model thinks a common word is cheaper to test row by row (a scan of the
-    # table or of the date index) than to look up in the GIN index, but testing reads the row's
-    # out-of-line text (~8 µs a row), while bitmap scans of the indexes answer without it;
-    # compiling these statements (JIT) costs ~20 ms where they run in a few, and so does starting
-    # parallel workers.
+    # The plan is ours to choose (see _walks): PostgreSQL's cost model does not know that testing
+    # a word reads the row's out-of-line text. Compiling these statements (JIT) costs ~20 ms where
+    # they run in a few, and so does starting parallel workers.
+    walk = _walks(session, query, words, every)
     session.execute(
         sa.text(
-            "SELECT set_config('enable_seqscan', 'off', true), set_config('enable_indexscan', 'off', true), "
-            "set_config('jit', 'off', true), set_config('max_parallel_workers_per_gather', '0', true)"
-        )
+            "SELECT set_config('enable_seqscan', 'off', true), set_config('enable_indexscan', :walk, true), "
+            "set_config('enable_bitmapscan', :bitmap, true), set_config('jit', 'off', true), "
+            "set_config('max_parallel_workers_per_gather', '0', true)"
+        ),
+        {"walk": "on" if walk else "off", "bitmap": "off" if walk else "on"},
     )
     rows = session.execute(statement, params).all()
     hits = [Hit(row.kind, row.doc_id, row.publication_id, _relevance(row.score, True)) for row in rows]
@@ -198,9 +196,130 @@ def _postgres_search(session: Session, query: SearchQuery, words: tuple[str, ...
     return Page(hits, int(session.execute(counted, params).scalar_one()))
 
 
-def _sqlite_search(session: Session, query: SearchQuery, match: str | None) -> Page:
+# What each plan costs, in µs, measured with bench/ucap.py's catalog at 100,000 and 1,000,000
+# posts: walking the date index tests a row's filters (~1 µs) and, where they pass, its words
+# (~3.5 µs, reading the out-of-line tsvector); a bitmap of the GIN indexes costs ~1 ms and
+# ~0.5 µs a row it reads (less for the densest).
+_ROW_US: Final = 1.0
+_WORDS_US: Final = 3.5
+_BITMAP_US: Final = 1000.0
+_MATCH_US: Final = 0.5
+_PRICE_SHARE: Final = 0.5  # the share of rows a price ceiling keeps, which no statistic tells
+_STATISTICS_TTL: Final = 600.0
+_LEXEMES_KEPT: Final = 10_000
+
+
+@dataclass(frozen=True, slots=True)
+class _Statistics:
+    """What ANALYZE found in ``ucap_search``: its rows, the share of rows holding each common
+    lexeme and category, and the quantiles of ``published_at``."""
+
+    rows: float
+    lexemes: dict[str, float]
+    categories: dict[str, float]
+    dates: tuple[datetime, ...]
+    read_at: float
+
+
+def _shares(values: list[str] | None, shares: list[float] | None) -> dict[str, float]:
+    """ANALYZE's most common elements and the share of rows holding each; ``""`` holds the share
+    assumed for any other (half the least common one's, as PostgreSQL assumes)."""
+    common = dict(zip(values or (), shares or (), strict=False))
+    common[""] = min(common.values(), default=0.02) / 2
+    return common
+
+
+def _share(common: dict[str, float], key: str) -> float:
+    return common.get(key) or common[""]
+
+
+def _walks(session: Session, query: SearchQuery, words: tuple[str, ...], every: bool) -> bool:
+    """Whether walking the date index newest first (and testing each row) finds the newest
+    :data:`CANDIDATES` matches sooner than a bitmap of every match: yes for a word in a tenth of
+    the posts at a million of them, no for a rare one, which the walk would test for in every row."""
+    statistics = _statistics(session)
+    if statistics.rows < 1:
+        return True
+    shares = [_share(statistics.lexemes, lexeme) for lexeme in _lexemes(session, words)]
+    words_share = math.prod(shares) if every else 1 - math.prod(1 - share for share in shares)
+    categories_share = (
+        min(1.0, sum(_share(statistics.categories, c.lower()) for c in query.categories))
+        if query.categories
+        else 1.0
+    )
+    filters_share = categories_share * (_PRICE_SHARE if query.price_max is not None else 1.0)
+    window = statistics.rows * _newer_share(statistics.dates, query.since)
+    examined = min(window, CANDIDATES / max(words_share * filters_share, 1e-9))
+    walk = examined * (_ROW_US + filters_share * _WORDS_US)
+    read = statistics.rows * words_share * categories_share
+    # Past a date, PostgreSQL reads the rows since then rather than more matches than that.
+    bitmap = window * (_ROW_US + _WORDS_US) if read > window else _BITMAP_US + read * _MATCH_US
+    return walk <= bitmap
+
+
+def _newer_share(dates: tuple[datetime, ...], since: datetime | None) -> float:
+    """The share of rows published at or after ``since``, from ANALYZE's equal-count quantiles."""
+    if since is None or len(dates) < 2:
+        return 1.0
+    newer = sum(1 for d in dates if d >= since)
+    return max(newer, 1) / len(dates)
+
+
+def _statistics(session: Session) -> _Statistics:
+    """Kept with the database connection (its schema's statistics) for ten minutes."""
+    info = session.connection().info
+    kept: _Statistics | None = info.get("ucap_search_statistics")
+    if kept is not None and time.monotonic() - kept.read_at < _STATISTICS_TTL:
+        return kept
+    rows = session.execute(
+        sa.text(
+            "SELECT greatest(c.reltuples, 0) AS rows, d.most_common_elems::text::text[] AS lexemes, "
+            "d.most_common_elem_freqs AS lexeme_shares, g.most_common_elems::text::text[] AS categories, "
+            "g.most_common_elem_freqs AS category_shares, "
+            "h.histogram_bounds::text::timestamptz[] AS dates FROM pg_class c "
+            "LEFT JOIN pg_stats d ON d.schemaname = current_schema() AND d.tablename = 'ucap_search' "
+            "AND d.attname = 'document' "
+            "LEFT JOIN pg_stats g ON g.schemaname = current_schema() AND g.tablename = 'ucap_search' "
+            "AND g.attname = 'categories' "
+            "LEFT JOIN pg_stats h ON h.schemaname = current_schema() AND h.tablename = 'ucap_search' "
+            "AND h.attname = 'published_at' "
+            "WHERE c.oid = to_regclass('ucap_search')"
+        )
+    ).one()
+    kept = _Statistics(
+        rows=float(rows.rows),
+        lexemes=_shares(rows.lexemes, rows.lexeme_shares),
+        categories=_shares(rows.categories, rows.category_shares),
+        dates=tuple(rows.dates or ()),
+        read_at=time.monotonic(),
+    )
+    info["ucap_search_statistics"] = kept
+    return kept
+
+
+def _lexemes(session: Session, words: tuple[str, ...]) -> list[str]:
+    """The query's words as the index holds them (stemmed; stopwords gone), remembered with the
+    connection so a word is stemmed by the database once."""
+    known: dict[str, tuple[str, ...]] = session.connection().info.setdefault("ucap_search_lexemes", {})
+    missing = [w for w in words if w not in known]
+    if missing:
+        if len(known) > _LEXEMES_KEPT:
+            known.clear()
+        stemmed = session.execute(
+            sa.text(
+                "SELECT w, tsvector_to_array(to_tsvector('english', w)) AS lexemes "
+                "FROM unnest(CAST(:words AS text[])) AS w"
+            ),
+            {"words": missing},
+        )
+        known.update((row.w, tuple(row.lexemes)) for row in stemmed)
+    return [lexeme for w in words for lexeme in known.get(w, ())]
+
+
+def _sqlite_search(session: Session, query: SearchQuery, words: tuple[str, ...], every: bool) -> Page:
     params: dict[str, Any] = {"limit": query.limit, "offset": query.offset}
     where = _filters(query, params, "ucap_search", postgres=False)
+    match = (" AND " if every else " OR ").join(f'"{w}"' for w in words) if words else None
     if match is not None:
         params["q"] = match
         where.insert(0, "ucap_search MATCH :q")

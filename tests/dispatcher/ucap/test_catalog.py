@@ -8,10 +8,12 @@ from typing import Any
 from urllib.parse import quote
 
 import pytest
+import sqlalchemy as sa
 from fastapi.testclient import TestClient
 from sqlalchemy.engine import Engine
 
 from tests.dispatcher.ucap.conftest import Agent, signed
+from usp_dispatcher.ucap import search as search_module
 from usp_dispatcher.ucap.answers import UcapError
 from usp_dispatcher.ucap.catalog import find_post
 from usp_dispatcher.ucap.publishing import PostIn, PublicationIn, TierIn, add_post, add_publication
@@ -285,3 +287,62 @@ def test_the_candidates_are_the_newest_matches_wherever_they_are(engine: Engine)
         mixed, total = found("mixed", limit=4)
         assert mixed == [f"doc_mixed_{first + n}" for n in range(4)], "this week's three, then last year's"
         assert total == CANDIDATES
+
+
+@pytest.mark.parametrize("database_url", ["postgresql"], indirect=True)
+def test_the_plan_follows_how_common_the_words_are(engine: Engine, monkeypatch: pytest.MonkeyPatch) -> None:
+    """PostgreSQL's statistics choose the plan: the newest matches of a word in every post are
+    found by walking the dates, those of a rare word from the word's index, and a filter that
+    refuses most rows moves the choice. Either plan finds the same page."""
+    now = utcnow()
+    with db.session(engine) as session:
+        for n in range(2000):
+            index_document(
+                session,
+                doc_id=f"doc_{n}",
+                kind="post",
+                publication_id="pub_plans",
+                published_at=now - timedelta(minutes=n),
+                language="en",
+                free=n % 2 == 0,
+                categories=["everyday" if n % 50 else "seldom"],
+                tier_ids=[],
+                title=f"Title {n}",
+                summary="Summary",
+                body="ubiquitous words" + (" scarce" if n % 400 == 0 else ""),
+            )
+        session.commit()
+        session.execute(sa.text("ANALYZE ucap_search"))
+        session.commit()
+        chosen: list[bool] = []
+        walks = search_module._walks
+
+        def spy(*args: Any) -> bool:
+            chosen.append(walks(*args))
+            return chosen[-1]
+
+        monkeypatch.setattr(search_module, "_walks", spy)
+        queries = {
+            "ubiquitous": (SearchQuery(text="ubiquitous"), True),
+            "scarce": (SearchQuery(text="scarce"), False),
+            "ubiquitous, in a seldom category": (
+                SearchQuery(text="ubiquitous", categories=("seldom",)),
+                False,
+            ),
+            "ubiquitous this hour": (SearchQuery(text="ubiquitous", since=now - timedelta(hours=1)), True),
+            "scarce or ubiquitous": (SearchQuery(text="scarce ubiquitous"), False),
+        }
+        pages: dict[str, search_module.Page] = {}
+        for name, (query, walk) in queries.items():
+            chosen.clear()
+            pages[name] = search_index(session, query)
+            session.rollback()
+            assert chosen[0] is walk, name
+        for forced in (True, False):
+            monkeypatch.setattr(search_module, "_walks", lambda *args, forced=forced: forced)
+            for name, (query, _) in queries.items():
+                assert search_index(session, query) == pages[name], (name, forced)
+                session.rollback()
+    assert [hit.doc_id for hit in pages["scarce"].hits] == [f"doc_{n}" for n in range(0, 2000, 400)]
+    assert pages["ubiquitous, in a seldom category"].total == 40
+    assert pages["ubiquitous this hour"].total == 61
