@@ -60,7 +60,7 @@ from rich.table import Table
 from bench.api_process import ApiProcess, cpu_seconds
 from bench.api_process import api_server as run_api
 from bench.reference import in_signs, sign_rate
-from usp_dispatcher import access, domain
+from usp_dispatcher import access, scheduling
 from usp_workers.storage import db
 
 DEFAULT_POSTGRES = os.environ.get(
@@ -250,16 +250,16 @@ def prepare(url: str, seats: int, slots: int) -> str:
     engine = db.make_engine(url)
     try:
         with db.session(engine) as session:
-            domain.create_service(
+            scheduling.create_service(
                 session,
-                domain.ServiceSpec(name="Bench", duration_minutes=30, capacity=seats, id=SERVICE),
+                scheduling.ServiceSpec(name="Bench", duration_minutes=30, capacity=seats, id=SERVICE),
                 announce=False,
             )
             session.commit()
             start = datetime.now(UTC).replace(microsecond=0) + timedelta(days=2)
             for number in range(slots):
                 moment = start + timedelta(hours=number)
-                domain.add_slot(
+                scheduling.add_slot(
                     session, SERVICE, moment, capacity=seats, slot_id=slot_id(number), announce=False
                 )
             session.commit()

@@ -36,8 +36,8 @@ from rich.table import Table
 from bench.pipeline import database
 from bench.reference import in_signs, sign_rate
 from usp_dispatcher import database as dispatcher_database
-from usp_dispatcher import domain
-from usp_dispatcher.domain.tables import ServiceRow
+from usp_dispatcher import scheduling
+from usp_dispatcher.scheduling.tables import ServiceRow
 from usp_workers.storage import db
 
 DEFAULT_POSTGRES = os.environ.get(
@@ -83,8 +83,8 @@ def measure(url: str, reads: int) -> list[float]:
     try:
         dispatcher_database.upgrade(engine)
         with db.session(engine) as session:
-            spec = domain.ServiceSpec(name="Bench", duration_minutes=30, capacity=1, id=SERVICE)
-            domain.create_service(session, spec, announce=False)
+            spec = scheduling.ServiceSpec(name="Bench", duration_minutes=30, capacity=1, id=SERVICE)
+            scheduling.create_service(session, spec, announce=False)
             session.commit()
         return [_per_read(way, reads) for way in _ways(engine)]
     finally:

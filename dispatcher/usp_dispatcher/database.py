@@ -9,10 +9,13 @@ from pathlib import Path
 
 from sqlalchemy.engine import Engine
 
-from usp_dispatcher.ucap import tables as _content_tables  # noqa: F401  (the ucap_* tables join the domain's metadata)
+from usp_dispatcher.access import tables as _access_tables  # noqa: F401  (each module's tables join
+from usp_dispatcher.scheduling import tables as _scheduling_tables  # noqa: F401  the metadata as
+from usp_dispatcher.tables import METADATA
+from usp_dispatcher.ucap import tables as _content_tables  # noqa: F401  it is imported)
 from usp_workers.storage import db
 
-__all__ = ["MIGRATIONS", "upgrade"]
+__all__ = ["METADATA", "MIGRATIONS", "upgrade"]
 
 MIGRATIONS = Path(__file__).with_name("migrations")
 VERSION_TABLE = "alembic_version_dispatcher"

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-__all__ = ["Conflict", "DispatcherError", "NotFound", "Refused", "TooSoon"]
+__all__ = ["Conflict", "DispatcherError", "NotFound", "Refused", "TooSoon", "Unauthenticated"]
 
 
 class DispatcherError(Exception):
@@ -34,6 +34,10 @@ class Conflict(DispatcherError):
 class Refused(DispatcherError):
     """The request is well-formed but not acceptable: a private target, an unknown event type,
     a profile without a webhook URL (HTTP 422)."""
+
+
+class Unauthenticated(DispatcherError):
+    """The operation needs a caller who proved who they are (HTTP 401)."""
 
 
 class TooSoon(DispatcherError):

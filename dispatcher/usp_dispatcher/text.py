@@ -1,13 +1,23 @@
 """What every string a client sends must be, on every surface (REST, MCP over HTTP and stdio):
-free of NUL; and how deep its JSON may nest. Imports nothing of the web layer, so the stdio MCP
-server starts without FastAPI."""
+free of NUL; how deep its JSON may nest; and how a refused argument is described. Imports nothing
+of the web layer, so the stdio MCP server starts without FastAPI."""
 
 from __future__ import annotations
 
 import re
 from typing import Final
 
-__all__ = ["MAX_JSON_DEPTH", "NUL_REFUSED", "TOO_DEEP", "contains_nul", "json_too_deep"]
+from pydantic import ValidationError
+
+__all__ = [
+    "MAX_JSON_DEPTH",
+    "NUL_REFUSED",
+    "TOO_DEEP",
+    "contains_nul",
+    "json_too_deep",
+    "shown_part",
+    "validation_text",
+]
 
 #: The deepest JSON any surface takes: no real message comes near (an event nests about 5 levels,
 #: a tool call about 8); a parser fed 100,000 levels exhausts the stack (RecursionError, or a
@@ -66,3 +76,33 @@ def json_too_deep(text: bytes | str, limit: int = MAX_JSON_DEPTH) -> bool:
         else:
             depth -= 1
     return False
+
+
+def validation_text(exc: ValidationError, *, limit: int = 5) -> str:
+    """The argument errors as text: where and what, never the rejected input (it can be anything,
+    e.g. a credential pasted into the wrong field).
+
+    >>> from pydantic import BaseModel
+    >>> class M(BaseModel):
+    ...     n: int
+    >>> try:
+    ...     M.model_validate({})
+    ... except ValidationError as exc:
+    ...     print(validation_text(exc))
+    n: Field required
+    """
+    parts = []
+    for error in exc.errors(include_input=False, include_url=False)[:limit]:
+        where = ".".join(shown_part(part) for part in error["loc"]) or "arguments"
+        parts.append(f"{where}: {error['msg']}")
+    more = len(exc.errors()) - limit
+    if more > 0:
+        parts.append(f"and {more} more")
+    return "; ".join(parts)
+
+
+def shown_part(part: str | int) -> str:
+    """A location part as shown: an argument's name is input too (a line separator in it breaks
+    line-based readers; a pasted credential must not come back), so only short printable ones."""
+    text = str(part)
+    return text if len(text) <= 64 and text.isprintable() else "<argument>"

@@ -23,7 +23,7 @@ from tests.postgres import fresh_schema
 from tests.servers import running
 from usp_dispatcher import database
 from usp_dispatcher.api.app import create_app
-from usp_dispatcher.domain.seed import ensure_demo_catalog
+from usp_dispatcher.scheduling.seed import ensure_demo_catalog
 from usp_dispatcher.ucap.seed import ensure_demo_content
 from usp_workers.settings import Settings
 from usp_workers.storage import db

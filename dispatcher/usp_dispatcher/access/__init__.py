@@ -1,6 +1,5 @@
 """Who may call which USP MCP tool: authentication (API keys, the admin token, agents' RFC 9421
-signatures, booking-scoped credentials) and authorization (access classes, profile binding,
-booking ownership).
+signatures, booking-scoped credentials) and authorization (access classes, profile binding).
 
 Why it works this way: docs/architecture.md, "Notes by module", ``usp_dispatcher.access``.
 """
@@ -13,12 +12,7 @@ from usp_dispatcher.access.apikeys import (
     list_api_keys,
     revoke_api_key,
 )
-from usp_dispatcher.access.authorize import (
-    authenticate_http,
-    authorize,
-    may_touch_booking,
-    may_touch_waitlist_entry,
-)
+from usp_dispatcher.access.authorize import authenticate_http, authorize
 from usp_dispatcher.access.bindings import bind_profile, bound_profile
 from usp_dispatcher.access.credentials import (
     SCOPED_TOOLS,
@@ -63,8 +57,6 @@ __all__ = [
     "issue_booking_credential",
     "list_api_keys",
     "make_pop_proof",
-    "may_touch_booking",
-    "may_touch_waitlist_entry",
     "policy_document",
     "proof_digest",
     "revoke_api_key",

@@ -28,12 +28,11 @@ from usp_dispatcher.access.errors import Access, forbidden, invalid_params, unau
 from usp_dispatcher.access.identity import Caller, Identity
 from usp_dispatcher.access.policy import AuthorizationPolicy
 from usp_dispatcher.access.signatures import DirectoryCache, NonceCheck, verify_agent_signature
-from usp_dispatcher.domain import booking_platform, waitlist_entry_platform
 from usp_workers.engine.ssrf import Resolver
 from usp_workers.settings import ApiSettings
 from usp_workers.storage import db
 
-__all__ = ["authenticate_http", "authorize", "may_touch_booking", "may_touch_waitlist_entry"]
+__all__ = ["authenticate_http", "authorize"]
 
 _IN_BAND_MECHANISMS: Final = ("bearer", MECHANISM)
 _PROFILE: Final = re.compile(r"[\x21-\x7e]+")
@@ -160,31 +159,6 @@ def authorize(
     if identity is not None:
         return Caller(identity.principal, profile, identity.mechanism, False, None, identity.key_thumbprint)
     return Caller(None, profile, None, False, None, None)  # the policy lets anonymous platforms in
-
-
-def may_touch_booking(session: Session, caller: Caller, booking_id: str) -> bool:
-    """Whether ``caller`` may read or change the booking (``False`` also when it does not exist,
-    so the tool answers ``booking_not_found`` alike): the business any; a scoped credential its
-    own booking only; an authenticated platform the bookings its profile owns (an anonymous one,
-    when the policy lets it in, proves no profile: it reaches its bookings by their credentials)."""
-    exists, owner = booking_platform(session, booking_id)
-    if not exists:
-        return False
-    if caller.scoped_booking_id is not None:
-        return booking_id == caller.scoped_booking_id
-    if caller.is_business:
-        return True
-    return caller.principal is not None and caller.profile is not None and owner == caller.profile
-
-
-def may_touch_waitlist_entry(session: Session, caller: Caller, entry_id: str) -> bool:
-    """As :func:`may_touch_booking`, for waitlist entries; a booking-scoped credential opens none."""
-    exists, owner = waitlist_entry_platform(session, entry_id)
-    if not exists or caller.scoped_booking_id is not None:
-        return False
-    if caller.is_business:
-        return True
-    return caller.principal is not None and caller.profile is not None and owner == caller.profile
 
 
 # ---------------------------------------------------------------------------------------------

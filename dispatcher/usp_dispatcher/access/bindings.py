@@ -13,7 +13,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, col
 
 from usp_dispatcher.access.errors import forbidden
-from usp_dispatcher.domain.tables import PrincipalProfileRow
+from usp_dispatcher.access.tables import PrincipalProfileRow
 from usp_workers.storage.models import utcnow
 
 __all__ = ["MAX_PROFILE_LENGTH", "bind_profile", "bound_profile"]

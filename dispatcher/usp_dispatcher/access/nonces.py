@@ -24,7 +24,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Engine
 
 from usp_dispatcher.access.signatures import NonceCheck
-from usp_dispatcher.domain.tables import NonceRow
+from usp_dispatcher.access.tables import NonceRow
 from usp_workers.settings import CommonSettings
 from usp_workers.storage.models import utcnow
 

@@ -19,8 +19,8 @@ from usp_dispatcher import console, database
 from usp_dispatcher.api import admin, discovery, events, feed, health, scheduling, wellknown
 from usp_dispatcher.api import metrics as metrics_routes
 from usp_dispatcher.api import ucap as ucap_routes
-from usp_dispatcher.domain import ensure_demo_catalog
 from usp_dispatcher.mcp.http import MCP_PATH, mount_mcp
+from usp_dispatcher.scheduling import ensure_demo_catalog
 from usp_dispatcher.ucap.seed import ensure_demo_content
 from usp_dispatcher.ucap.service import UcapService
 from usp_dispatcher.ucap.settings import UcapSettings

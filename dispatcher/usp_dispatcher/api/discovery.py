@@ -59,7 +59,7 @@ def business_profile(settings: ApiSettings) -> dict[str, Any]:
             {
                 "name": tool.name,
                 "description": tool.description,
-                "x-usp-access": tool.access.value,
+                "x-usp-access": tool.operation.access.value,
                 "capability": tool.capability,
                 "inputSchema": tool.input_schema,
             }

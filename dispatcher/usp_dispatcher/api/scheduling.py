@@ -16,18 +16,23 @@ from typing import Annotated, Any, Final
 import anyio.to_thread
 from fastapi import APIRouter, Depends, Header, Query, Request
 from fastapi.responses import JSONResponse
-from mcp.shared.exceptions import MCPError
 from pydantic import ValidationError
 from sqlmodel import Session
 
-from usp_dispatcher import access, domain
+from usp_dispatcher import access, scheduling
 from usp_dispatcher.access import AccessError
 from usp_dispatcher.access.credentials import MECHANISM, looks_like_booking_credential
 from usp_dispatcher.access.nonces import nonces_for
-from usp_dispatcher.domain.content import AvailabilityContent, BookingContent, CatalogContent, WaitlistContent
-from usp_dispatcher.domain.inputs import BookingIn, CancelIn, RescheduleIn, WaitlistIn
-from usp_dispatcher.mcp.protocol import validation_text
-from usp_dispatcher.mcp.tools import REST_ONLY, TOOLS_BY_NAME, ToolCall, ToolSpec, UspMeta, read_meta, release
+from usp_dispatcher.errors import Refused, Unauthenticated
+from usp_dispatcher.scheduling.content import (
+    AvailabilityContent,
+    BookingContent,
+    CatalogContent,
+    WaitlistContent,
+)
+from usp_dispatcher.scheduling.inputs import BookingIn, CancelIn, RescheduleIn, WaitlistIn
+from usp_dispatcher.scheduling.service import OPERATIONS, Call, UspMeta, read_meta, release
+from usp_dispatcher.text import validation_text
 from usp_dispatcher.web.problems import HTTPProblem
 from usp_schemas import StructuredContent
 from usp_workers.storage import db
@@ -52,7 +57,7 @@ IdempotencyKey = Annotated[
     Header(
         alias="Idempotency-Key",
         min_length=1,
-        max_length=domain.idempotency.MAX_KEY_LENGTH,
+        max_length=scheduling.idempotency.MAX_KEY_LENGTH,
         description="retrying with the same key and request replays the first answer (UUID v4 advised)",
     ),
 ]
@@ -298,7 +303,7 @@ def _authorized(operation: str) -> Any:
     """The dependency authorizing ``operation``: it runs before the body is validated, so an
     unauthenticated caller learns that first (as from every other protected route). The key
     lookup, the authorization and the call's work are one transaction, on one session it closes."""
-    spec = TOOLS_BY_NAME.get(operation) or REST_ONLY[operation]
+    spec = OPERATIONS[operation]
 
     async def dependency(request: Request) -> AsyncIterator[_Authorized]:
         engine = request.app.state.engine
@@ -357,11 +362,11 @@ async def _serve(
     *,
     created: bool = False,
 ) -> JSONResponse:
-    """Run ``operation`` as its MCP tool would, for the caller ``authorized`` admitted."""
-    spec: ToolSpec = TOOLS_BY_NAME.get(operation) or REST_ONLY[operation]
+    """Run ``operation`` (as its MCP tool does) for the caller ``authorized`` admitted."""
+    spec = OPERATIONS[operation]
     state = request.app.state
     meta = authorized.meta
-    call = ToolCall(
+    call = Call(
         state.engine,
         state.settings,
         authorized.caller,
@@ -374,8 +379,12 @@ async def _serve(
         answer = await spec.handler(call, spec.arguments.model_validate(arguments))
     except ValidationError as exc:
         raise HTTPProblem(422, "invalid_request", "Invalid request", validation_text(exc)) from None
-    except MCPError as exc:
-        raise _protocol_problem(exc) from None
+    except Refused as exc:
+        raise HTTPProblem(422, "invalid_request", "Invalid request", _rest_words(exc.detail)) from None
+    except Unauthenticated as exc:
+        raise HTTPProblem(
+            401, "unauthenticated", "Unauthorized", exc.detail, headers={"WWW-Authenticate": _CHALLENGE}
+        ) from None
     status = 201 if created and not answer.get("messages") else 200
     headers = {"Idempotent-Replayed": "true"} if call.replayed and call.replayed[-1] else None
     return JSONResponse(answer, status_code=status, headers=headers)
@@ -438,17 +447,5 @@ def _problem(exc: AccessError, *, presented: bool) -> HTTPProblem:
             401, "unauthenticated", "Unauthorized", detail, headers={"WWW-Authenticate": _CHALLENGE}
         )
     if exc.reason == "forbidden":
-        return HTTPProblem(403, "forbidden", "Forbidden", detail)
-    return HTTPProblem(422, "invalid_request", "Invalid request", detail)
-
-
-def _protocol_problem(exc: MCPError) -> HTTPProblem:
-    data = exc.error.data
-    detail = _rest_words(str(data.get("content"))) if isinstance(data, dict) else "The request was refused."
-    if exc.error.code == -32001:
-        return HTTPProblem(
-            401, "unauthenticated", "Unauthorized", detail, headers={"WWW-Authenticate": _CHALLENGE}
-        )
-    if exc.error.code == -32003:
         return HTTPProblem(403, "forbidden", "Forbidden", detail)
     return HTTPProblem(422, "invalid_request", "Invalid request", detail)

@@ -152,7 +152,7 @@ def worker(
 def scheduler() -> None:
     """Run the scheduler: enqueue due deliveries, reclaim expired leases, expire waitlist offers
     (one is enough; two are safe)."""
-    from usp_dispatcher.domain.housekeeping import housekeeping_thread
+    from usp_dispatcher.scheduling.housekeeping import housekeeping_thread
     from usp_workers.runtime import tasks
     from usp_workers.runtime.relay import run_relay
 

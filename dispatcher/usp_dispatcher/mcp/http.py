@@ -44,7 +44,8 @@ from usp_dispatcher.mcp.live import DEFAULT_POLL_INTERVAL, LiveHub
 from usp_dispatcher.mcp.principals import SESSION_STATE
 from usp_dispatcher.mcp.protocol import INTERNAL_ERROR, error_object, parse_message
 from usp_dispatcher.mcp.server import build_server
-from usp_dispatcher.mcp.tools import TOOLS_BY_NAME, release
+from usp_dispatcher.mcp.tools import TOOLS_BY_NAME
+from usp_dispatcher.scheduling.service import release
 from usp_dispatcher.text import json_too_deep
 from usp_workers.settings import ApiSettings
 from usp_workers.storage import db

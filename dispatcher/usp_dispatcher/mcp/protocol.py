@@ -16,7 +16,7 @@ from mcp.shared.exceptions import MCPError
 from mcp_types import ErrorData
 from pydantic import ValidationError
 
-from usp_dispatcher.text import TOO_DEEP, json_too_deep
+from usp_dispatcher.text import TOO_DEEP, json_too_deep, shown_part, validation_text
 from usp_schemas import (
     ERROR_CODE_WORDS,
     FORBIDDEN,
@@ -43,7 +43,6 @@ __all__ = [
     "error_object",
     "parse_message",
     "protocol_error",
-    "validation_text",
     "wire_error",
 ]
 
@@ -98,29 +97,6 @@ def wire_error(error: ErrorData) -> ErrorData:
     return protocol_error(error.code, text).error
 
 
-def validation_text(exc: ValidationError, *, limit: int = 5) -> str:
-    """The argument errors as text: where and what, never the rejected input (it can be anything,
-    e.g. a credential pasted into the wrong field).
-
-    >>> from pydantic import BaseModel
-    >>> class M(BaseModel):
-    ...     n: int
-    >>> try:
-    ...     M.model_validate({})
-    ... except ValidationError as exc:
-    ...     print(validation_text(exc))
-    n: Field required
-    """
-    parts = []
-    for error in exc.errors(include_input=False, include_url=False)[:limit]:
-        where = ".".join(_shown_part(part) for part in error["loc"]) or "arguments"
-        parts.append(f"{where}: {error['msg']}")
-    more = len(exc.errors()) - limit
-    if more > 0:
-        parts.append(f"and {more} more")
-    return "; ".join(parts)
-
-
 def argument_error(exc: ValidationError) -> MCPError:
     """The protocol error for a tool's bad arguments: a missing required one is the binding's own
     example verbatim (``-32600 invalid_request``, "Missing required field: service_id"), any other
@@ -137,7 +113,7 @@ def argument_error(exc: ValidationError) -> MCPError:
     {'code': -32600, 'message': 'invalid_request', 'data': {'content': 'Missing required field: service_id'}}
     """
     missing = [
-        ".".join(_shown_part(part) for part in error["loc"])
+        ".".join(shown_part(part) for part in error["loc"])
         for error in exc.errors(include_input=False, include_url=False)
         if error["type"] == "missing"
     ]
@@ -152,13 +128,6 @@ def bad_arguments(content: str) -> MCPError:
     """``argument_error`` for a check made by hand: ``content`` starting with
     :data:`MISSING_FIELD` is ``-32600``, anything else ``-32602``."""
     return protocol_error(INVALID_REQUEST if content.startswith(MISSING_FIELD) else INVALID_PARAMS, content)
-
-
-def _shown_part(part: str | int) -> str:
-    """A location part as shown: an argument's name is input too (a line separator in it breaks
-    line-based readers; a pasted credential must not come back), so only short printable ones."""
-    text = str(part)
-    return text if len(text) <= 64 and text.isprintable() else "<argument>"
 
 
 class ProtocolErrors(ServerMiddleware[Any]):

@@ -13,7 +13,7 @@ import mcp_types as types
 
 from usp_schemas import USP_VERSION
 
-__all__ = ["CAPABILITIES", "business_outcome", "envelope", "summary"]
+__all__ = ["CAPABILITIES", "envelope", "summary"]
 
 #: The capabilities this business offers, by the tool family that serves them.
 CAPABILITIES: Final[dict[str, str]] = {
@@ -42,20 +42,6 @@ def envelope(
         structured_content=structured,
         _meta={"usp": {"correlation_id": correlation_id}} if correlation_id is not None else None,
     )
-
-
-def business_outcome(
-    code: str, content: str, *, severity: str = "unrecoverable", path: str | None = None
-) -> dict[str, Any]:
-    """A structured answer with one error message (for refusals the domain does not make itself).
-
-    >>> business_outcome("subscription_not_found", "No such subscription.")["messages"][0]["code"]
-    'subscription_not_found'
-    """
-    message: dict[str, Any] = {"type": "error", "code": code, "content": content, "severity": severity}
-    if path is not None:
-        message["path"] = path
-    return {"usp": {"version": USP_VERSION}, "messages": [message]}
 
 
 def summary(body: Mapping[str, Any]) -> str:

@@ -20,21 +20,23 @@ from sqlmodel import Session
 
 from usp_dispatcher import access
 from usp_dispatcher.access import AccessError, Caller, Identity
+from usp_dispatcher.errors import Refused, Unauthenticated
 from usp_dispatcher.mcp.listen import LISTEN_FILTER, listen_handler
 from usp_dispatcher.mcp.live import LiveHub, notification_sender
 from usp_dispatcher.mcp.principals import request_identity, take_session
 from usp_dispatcher.mcp.protocol import (
     INVALID_PARAMS,
     METHOD_NOT_FOUND,
+    UNAUTHENTICATED,
     ProtocolErrors,
     argument_error,
     protocol_error,
-    validation_text,
 )
 from usp_dispatcher.mcp.results import envelope
-from usp_dispatcher.mcp.tools import TOOLS, TOOLS_BY_NAME, ToolCall, ToolSpec, UspMeta, read_meta, release
+from usp_dispatcher.mcp.tools import TOOLS, TOOLS_BY_NAME, ToolSpec
 from usp_dispatcher.mcp.ucap import call_ucap_tool
-from usp_dispatcher.text import NUL_REFUSED, contains_nul
+from usp_dispatcher.scheduling.service import Call, UspMeta, read_meta, release
+from usp_dispatcher.text import NUL_REFUSED, contains_nul, validation_text
 from usp_dispatcher.ucap.service import UcapService
 from usp_dispatcher.ucap.settings import UcapSettings
 from usp_dispatcher.ucap.tools import UCAP_TOOLS_BY_NAME
@@ -130,7 +132,7 @@ def build_server(
         if (
             hub is not None
             and session_key is not None
-            and spec.access.privileged
+            and spec.operation.access.privileged
             and caller.profile
             and caller.principal is not None
             and (session_key == STDIO_SESSION or _transport_principal(ctx) == caller.principal)
@@ -138,14 +140,20 @@ def build_server(
             hub.attach(
                 session_key, caller.profile, notification_sender(ctx.session), principal=caller.principal
             )
+        operation = spec.operation
         try:
-            model = spec.arguments.model_validate({k: v for k, v in arguments.items() if k != "_meta"})
+            model = operation.arguments.model_validate({k: v for k, v in arguments.items() if k != "_meta"})
         except ValidationError as exc:
             raise argument_error(exc) from None
         correlation_id = _correlation_id(ctx, meta)
         held = [session] if session is not None else []
-        call = ToolCall(engine, settings, caller, meta, correlation_id, resolver, held=held)
-        body = await spec.handler(call, model)
+        call = Call(engine, settings, caller, meta, correlation_id, resolver, held=held)
+        try:
+            body = await operation.handler(call, model)
+        except Refused as exc:
+            raise protocol_error(INVALID_PARAMS, exc.detail) from None
+        except Unauthenticated as exc:
+            raise protocol_error(UNAUTHENTICATED, exc.detail) from None
         return envelope(body, capability=spec.capability, correlation_id=correlation_id)
 
     server: Server[Any] = Server(
@@ -189,7 +197,7 @@ def list_tools_result() -> types.ListToolsResult:
                     destructive_hint=tool.name in _DESTRUCTIVE,
                     open_world_hint=False,
                 ),
-                _meta={"x-usp-access": tool.access.value},
+                _meta={"x-usp-access": tool.operation.access.value},
             )
             for tool in TOOLS
         ]
@@ -214,7 +222,7 @@ async def _authorize(
                 session,
                 settings,
                 tool=spec.name,
-                access=spec.access,
+                access=spec.operation.access,
                 arguments=arguments,
                 params=params,
                 identity=identity,

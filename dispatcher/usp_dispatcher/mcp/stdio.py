@@ -20,10 +20,10 @@ from mcp.shared.message import SessionMessage
 from sqlalchemy.engine import Engine
 
 from usp_dispatcher import database
-from usp_dispatcher.domain import ensure_demo_catalog
 from usp_dispatcher.mcp.live import LiveHub
 from usp_dispatcher.mcp.protocol import parse_message, wire_error
 from usp_dispatcher.mcp.server import build_server
+from usp_dispatcher.scheduling import ensure_demo_catalog
 from usp_workers.engine import keys
 from usp_workers.runtime import tasks
 from usp_workers.settings import ApiSettings

@@ -1,7 +1,7 @@
-"""Alembic environment of the scheduling domain: run through :func:`usp_dispatcher.database.upgrade`.
+"""Alembic environment of the dispatcher's tables: run through :func:`usp_dispatcher.database.upgrade`.
 
 Its own version table (``alembic_version_dispatcher``) keeps this chain independent of the
-delivery engine's, and ``include_name`` keeps autogenerate to the domain's tables: the ``usp_*``
+delivery engine's, and ``include_name`` keeps autogenerate to the dispatcher's tables: the ``usp_*``
 tables in the same database belong to the other chain and must never show up here as drops.
 """
 
@@ -11,9 +11,7 @@ from typing import Any
 
 from alembic import context
 
-from usp_dispatcher.database import VERSION_TABLE
-from usp_dispatcher.domain.tables import DOMAIN_METADATA
-from usp_dispatcher.ucap import tables as _content_tables  # noqa: F401  (registers the ucap_* tables)
+from usp_dispatcher.database import METADATA, VERSION_TABLE
 
 connection = context.config.attributes.get("connection")
 if connection is None:
@@ -21,12 +19,12 @@ if connection is None:
 
 
 def _ours(name: str | None, type_: str, _parent_names: Any) -> bool:
-    return type_ != "table" or name in DOMAIN_METADATA.tables
+    return type_ != "table" or name in METADATA.tables
 
 
 context.configure(
     connection=connection,
-    target_metadata=DOMAIN_METADATA,
+    target_metadata=METADATA,
     version_table=VERSION_TABLE,
     include_name=_ours,
     render_as_batch=connection.dialect.name == "sqlite",

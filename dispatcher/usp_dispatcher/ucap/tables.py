@@ -13,7 +13,7 @@ from datetime import datetime
 import sqlalchemy as sa
 from sqlmodel import Field
 
-from usp_dispatcher.domain.tables import DomainTable
+from usp_dispatcher.tables import DispatcherTable
 from usp_workers.storage.models import UtcDateTime, new_id, utcnow
 
 __all__ = [
@@ -56,7 +56,7 @@ class CheckoutStatus(enum.StrEnum):
     EXPIRED = "expired"
 
 
-class PublicationRow(DomainTable, table=True):
+class PublicationRow(DispatcherTable, table=True):
     """A publication: what an agent subscribes to (UCAP's ``publisher_id`` is its id)."""
 
     __tablename__ = "ucap_publications"
@@ -72,7 +72,7 @@ class PublicationRow(DomainTable, table=True):
     updated_at: datetime = Field(default_factory=utcnow, sa_type=UtcDateTime)
 
 
-class AliasRow(DomainTable, table=True):
+class AliasRow(DispatcherTable, table=True):
     """Another id a publication or post is found by: ``patreon:…``, ``ghost:…``, ``url:<url>``."""
 
     __tablename__ = "ucap_aliases"
@@ -82,7 +82,7 @@ class AliasRow(DomainTable, table=True):
     post_id: str | None = Field(default=None, foreign_key="ucap_posts.id", index=True, max_length=128)
 
 
-class TierRow(DomainTable, table=True):
+class TierRow(DispatcherTable, table=True):
     """A way to subscribe to a publication, at a price per interval."""
 
     __tablename__ = "ucap_tiers"
@@ -99,7 +99,7 @@ class TierRow(DomainTable, table=True):
     created_at: datetime = Field(default_factory=utcnow, sa_type=UtcDateTime)
 
 
-class PostRow(DomainTable, table=True):
+class PostRow(DispatcherTable, table=True):
     """A post. Free when no tier unlocks it (:class:`PostTierRow`); otherwise any of those tiers
     does."""
 
@@ -123,7 +123,7 @@ class PostRow(DomainTable, table=True):
     updated_at: datetime = Field(default_factory=utcnow, sa_type=UtcDateTime)
 
 
-class PostTierRow(DomainTable, table=True):
+class PostTierRow(DispatcherTable, table=True):
     """A tier that unlocks a paid post."""
 
     __tablename__ = "ucap_post_tiers"
@@ -132,7 +132,7 @@ class PostTierRow(DomainTable, table=True):
     tier_id: str = Field(foreign_key="ucap_tiers.id", primary_key=True, max_length=128, index=True)
 
 
-class CategoryRow(DomainTable, table=True):
+class CategoryRow(DispatcherTable, table=True):
     """A publication's or post's category, lower-cased, for the search filter."""
 
     __tablename__ = "ucap_categories"
@@ -141,7 +141,7 @@ class CategoryRow(DomainTable, table=True):
     category: str = Field(primary_key=True, max_length=100, index=True)
 
 
-class SubscriptionRow(DomainTable, table=True):
+class SubscriptionRow(DispatcherTable, table=True):
     """An agent's subscription to a tier: ``pending_payment`` until its checkout completes."""
 
     __tablename__ = "ucap_subscriptions"
@@ -163,7 +163,7 @@ class SubscriptionRow(DomainTable, table=True):
     cancelled_at: datetime | None = Field(default=None, sa_type=UtcDateTime)
 
 
-class EntitlementRow(DomainTable, table=True):
+class EntitlementRow(DispatcherTable, table=True):
     """What an active subscription grants; one per subscription (the unique constraint is what
     makes a twice-confirmed payment grant once)."""
 
@@ -181,7 +181,7 @@ class EntitlementRow(DomainTable, table=True):
     revoked_at: datetime | None = Field(default=None, sa_type=UtcDateTime)
 
 
-class CheckoutRow(DomainTable, table=True):
+class CheckoutRow(DispatcherTable, table=True):
     """A checkout session for a pending subscription: sandbox page, Stripe Checkout or x402.
 
     ``provider_ref`` is the provider's id for it (a Stripe session id); ``payment_nonce`` the x402

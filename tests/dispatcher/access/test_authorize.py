@@ -13,7 +13,7 @@ from sqlmodel import Session
 
 from tests.dispatcher.access.conftest import OTHER_PROFILE, PROFILE
 from tests.dispatcher.conftest import ADMIN_TOKEN, MakeSettings
-from tests.dispatcher.domain.support import ALICE, NOW, build_catalog, ok
+from tests.dispatcher.scheduling.support import ALICE, NOW, build_catalog, ok
 from usp_dispatcher.access import (
     Access,
     AccessError,
@@ -23,10 +23,9 @@ from usp_dispatcher.access import (
     issue_api_key,
     issue_booking_credential,
     make_pop_proof,
-    may_touch_booking,
-    may_touch_waitlist_entry,
 )
-from usp_dispatcher.domain import create_booking, join_waitlist
+from usp_dispatcher.scheduling import create_booking, join_waitlist
+from usp_dispatcher.scheduling.ownership import may_touch_booking, may_touch_waitlist_entry
 from usp_receiver import SigningKey, jwk_thumbprint
 from usp_schemas import TimeWindow
 from usp_workers.settings import Settings

@@ -11,7 +11,7 @@ from sqlmodel import Session, select
 
 from tests.dispatcher.access.conftest import OTHER_PROFILE, PROFILE
 from usp_dispatcher.access import AccessError, bind_profile, bound_profile, issue_api_key
-from usp_dispatcher.domain.tables import PrincipalProfileRow
+from usp_dispatcher.access.tables import PrincipalProfileRow
 from usp_workers.storage import db
 
 

@@ -15,7 +15,7 @@ from sqlalchemy.engine import Engine
 from tests.dispatcher.conftest import MakeSettings
 from usp_dispatcher.access import nonces
 from usp_dispatcher.access.signatures import NonceCheck
-from usp_dispatcher.domain.tables import NonceRow
+from usp_dispatcher.access.tables import NonceRow
 from usp_workers.storage import db
 
 _table = NonceRow.__table__  # type: ignore[attr-defined]

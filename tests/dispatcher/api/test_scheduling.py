@@ -12,9 +12,9 @@ from fastapi.testclient import TestClient
 from sqlalchemy.engine import Engine
 
 from tests.dispatcher.conftest import ADMIN, MakeClient
-from tests.dispatcher.domain.support import count, deliveries_for, event_types, events, payload
+from tests.dispatcher.scheduling.support import count, deliveries_for, event_types, events, payload
 from tests.dispatcher.support import assert_problem, subscribe
-from usp_dispatcher.domain.tables import BookingRow
+from usp_dispatcher.scheduling.tables import BookingRow
 from usp_schemas import parse_event
 
 HAIRCUT = "svc_haircut_001"

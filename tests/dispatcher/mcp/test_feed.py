@@ -1,5 +1,5 @@
 """``usp_feed_subscriptions_*`` beyond their success paths: idempotency keys on creation (the
-subscription is written in :func:`usp_dispatcher.domain.perform`'s transaction) and whose
+subscription is written in :func:`usp_dispatcher.scheduling.perform`'s transaction) and whose
 subscriptions a listing shows (one filter, :func:`usp_dispatcher.webhooks.feed.list_subscriptions`)."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from sqlmodel import select
 from tests.dispatcher.conftest import ADMIN_TOKEN, MakeSettings
 from tests.dispatcher.mcp.conftest import connect
 from tests.dispatcher.mcp.support import OTHER_PROFILE, PROFILE, ok, outcome, refused, usp
-from usp_dispatcher.domain.tables import IdempotencyRecord
+from usp_dispatcher.scheduling.tables import IdempotencyRecord
 from usp_dispatcher.webhooks import feed
 from usp_workers.engine.webhook_secrets import unseal
 from usp_workers.settings import Settings

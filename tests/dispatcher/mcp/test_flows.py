@@ -18,7 +18,7 @@ from tests.dispatcher.mcp.support import ALICE, BOB, HAIRCUT, PROFILE, book, fre
 from tests.workers.conftest import hub_server
 from tests.workers.endpoints import UspReceiver
 from tests.workers.support import Endpoints
-from usp_dispatcher.domain.tables import BookingRow
+from usp_dispatcher.scheduling.tables import BookingRow
 from usp_receiver import JWKS
 from usp_workers.engine import keys
 from usp_workers.engine.background import close_background_runtime

@@ -15,7 +15,6 @@ from typer.testing import CliRunner
 
 from tests.dispatcher.conftest import MakeClient
 from usp_dispatcher import cli, database
-from usp_dispatcher.domain.tables import DOMAIN_METADATA
 from usp_workers.storage import db
 
 pytestmark = pytest.mark.empty_database
@@ -74,7 +73,7 @@ def test_engine_chain_alone_creates_no_domain_table(engine: Engine) -> None:
 
 
 def test_domain_tables_live_on_their_own_metadata() -> None:
-    assert set(DOMAIN_METADATA.tables) == DOMAIN_TABLES
+    assert set(database.METADATA.tables) == DOMAIN_TABLES
     assert not DOMAIN_TABLES & set(SQLModel.metadata.tables)
 
 
@@ -91,7 +90,7 @@ def test_api_start_migrates_both_chains(make_client: MakeClient, engine: Engine)
 
 def test_migration_matches_the_table_models(engine: Engine) -> None:
     """Autogenerate against the migrated database finds nothing to do: the revision files and the
-    ``DomainTable`` models describe the same schema (types included)."""
+    ``DispatcherTable`` models describe the same schema (types included)."""
     from alembic.autogenerate import compare_metadata
     from alembic.migration import MigrationContext
 
@@ -104,4 +103,4 @@ def test_migration_matches_the_table_models(engine: Engine) -> None:
                 "include_name": lambda name, type_, _parents: type_ != "table" or name in DOMAIN_TABLES,
             },
         )
-        assert compare_metadata(context, DOMAIN_METADATA) == []
+        assert compare_metadata(context, database.METADATA) == []

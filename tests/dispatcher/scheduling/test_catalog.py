@@ -9,8 +9,18 @@ from sqlalchemy.engine import Engine
 from sqlmodel import col, select
 
 from tests.dispatcher.conftest import MakeClient
-from tests.dispatcher.domain.support import ALICE, NOW, Catalog, call, count, event_types, events, ok, refused
-from usp_dispatcher.domain import (
+from tests.dispatcher.scheduling.support import (
+    ALICE,
+    NOW,
+    Catalog,
+    call,
+    count,
+    event_types,
+    events,
+    ok,
+    refused,
+)
+from usp_dispatcher.scheduling import (
     MAX_AVAILABILITY_DAYS,
     Availability,
     InvalidRequest,
@@ -21,8 +31,8 @@ from usp_dispatcher.domain import (
     query_availability,
     seed_demo_catalog,
 )
-from usp_dispatcher.domain.seed import DEMO_DAYS, DEMO_SERVICES, ensure_demo_catalog
-from usp_dispatcher.domain.tables import ServiceRow, SlotRow
+from usp_dispatcher.scheduling.seed import DEMO_DAYS, DEMO_SERVICES, ensure_demo_catalog
+from usp_dispatcher.scheduling.tables import ServiceRow, SlotRow
 from usp_schemas import SERVICE_NOT_FOUND, AvailabilityChanged, Money, ServiceCreated
 from usp_workers.storage import db
 from usp_workers.storage.models import EventRecord
@@ -107,7 +117,7 @@ def test_availability_day_boundary_is_local(migrated: Engine) -> None:
 
 
 def test_availability_leaves_out_full_and_started_slots(catalog: Catalog) -> None:
-    from usp_dispatcher.domain import create_booking
+    from usp_dispatcher.scheduling import create_booking
 
     ok(call(catalog.engine, lambda s: create_booking(s, catalog.cut, catalog.cut_slots[0], ALICE, now=NOW)))
     found = ok(

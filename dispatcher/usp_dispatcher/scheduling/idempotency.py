@@ -1,6 +1,6 @@
 """Idempotency keys: a retried state change is answered, not done again.
 
-Why it works this way: docs/architecture.md, "Notes by module", ``usp_dispatcher.domain.idempotency``.
+Why it works this way: docs/architecture.md, "Notes by module", ``usp_dispatcher.scheduling.idempotency``.
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ from typing import Any
 import sqlalchemy as sa
 from sqlmodel import Session, col
 
-from usp_dispatcher.domain.content import Result, structured
-from usp_dispatcher.domain.outcomes import InvalidRequest, Outcome, idempotency_conflict
-from usp_dispatcher.domain.tables import IdempotencyRecord
+from usp_dispatcher.scheduling.content import Result, structured
+from usp_dispatcher.scheduling.outcomes import InvalidRequest, Outcome, idempotency_conflict
+from usp_dispatcher.scheduling.tables import IdempotencyRecord
 
 __all__ = ["MAX_KEY_LENGTH", "Answer", "forget_idempotency_keys", "perform", "request_hash"]
 

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from sqlmodel import Session
 
-from tests.dispatcher.domain.support import (
+from tests.dispatcher.scheduling.support import (
     ALICE,
     BOB,
     NOW,
@@ -23,7 +23,7 @@ from tests.dispatcher.domain.support import (
     run,
     slot_counts,
 )
-from usp_dispatcher.domain import (
+from usp_dispatcher.scheduling import (
     cancel_booking,
     complete_booking,
     confirm_booking,
@@ -32,7 +32,7 @@ from usp_dispatcher.domain import (
     mark_no_show,
     reschedule_booking,
 )
-from usp_dispatcher.domain.tables import BookingRow, ServiceRow
+from usp_dispatcher.scheduling.tables import BookingRow, ServiceRow
 from usp_schemas import (
     BOOKING_NOT_FOUND,
     INVALID_STATE_TRANSITION,

@@ -12,7 +12,7 @@ from datetime import UTC, datetime, tzinfo
 from functools import cache
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from usp_dispatcher.domain.tables import BookingRow, ServiceRow, SlotRow, WaitlistRow
+from usp_dispatcher.scheduling.tables import BookingRow, ServiceRow, SlotRow, WaitlistRow
 from usp_schemas import Booking, Buyer, Money, Service, Slot, SlotState, TimeWindow, WaitlistEntry
 
 __all__ = ["booking_view", "iso_duration", "service_view", "slot_state", "slot_view", "waitlist_view", "zone"]

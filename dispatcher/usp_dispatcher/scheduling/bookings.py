@@ -1,6 +1,6 @@
 """Bookings: a buyer's seat in a slot, and its life.
 
-Why it works this way: docs/architecture.md, "Notes by module", ``usp_dispatcher.domain.bookings``.
+Why it works this way: docs/architecture.md, "Notes by module", ``usp_dispatcher.scheduling.bookings``.
 """
 
 from __future__ import annotations
@@ -12,23 +12,23 @@ from typing import Any
 import sqlalchemy as sa
 from sqlmodel import Session, col, select
 
-from usp_dispatcher.domain.events import (
+from usp_dispatcher.scheduling.events import (
     BookingEventType,
     emit_availability_changed,
     emit_booking_event,
     emit_waitlist_event,
 )
-from usp_dispatcher.domain.outcomes import (
+from usp_dispatcher.scheduling.outcomes import (
     Outcome,
     booking_not_found,
     invalid_state_transition,
     service_not_found,
     slot_unavailable,
 )
-from usp_dispatcher.domain.seats import lock_slots, release_seat, take_seat
-from usp_dispatcher.domain.tables import BookingRow, BookingStatus, ServiceRow, SlotRow
-from usp_dispatcher.domain.views import booking_view
-from usp_dispatcher.domain.waitlist import claim_offer, live_offer_for, reuse_freed_seat
+from usp_dispatcher.scheduling.seats import lock_slots, release_seat, take_seat
+from usp_dispatcher.scheduling.tables import BookingRow, BookingStatus, ServiceRow, SlotRow
+from usp_dispatcher.scheduling.views import booking_view
+from usp_dispatcher.scheduling.waitlist import claim_offer, live_offer_for, reuse_freed_seat
 from usp_schemas import (
     Booking,
     BookingCancelled,

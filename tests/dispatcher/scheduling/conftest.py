@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from sqlalchemy.engine import Engine
 
-from tests.dispatcher.domain.support import Catalog, build_catalog
+from tests.dispatcher.scheduling.support import Catalog, build_catalog
 from usp_dispatcher import database
 
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 from datetime import date
 from typing import Any
 
-from usp_dispatcher.domain.catalog import Availability
-from usp_dispatcher.domain.outcomes import Outcome
+from usp_dispatcher.scheduling.catalog import Availability
+from usp_dispatcher.scheduling.outcomes import Outcome
 from usp_schemas import Booking, Service, Slot, StructuredContent, WaitlistEntry
 
 __all__ = [

@@ -1,6 +1,6 @@
 """The waitlist: buyers waiting for a seat, offered one when a booking gives it back.
 
-Why it works this way: docs/architecture.md, "Notes by module", ``usp_dispatcher.domain.waitlist``.
+Why it works this way: docs/architecture.md, "Notes by module", ``usp_dispatcher.scheduling.waitlist``.
 """
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ from typing import Any
 import sqlalchemy as sa
 from sqlmodel import Session, col, select
 
-from usp_dispatcher.domain.catalog import find_service
-from usp_dispatcher.domain.events import emit_availability_changed, emit_waitlist_event
-from usp_dispatcher.domain.outcomes import (
+from usp_dispatcher.scheduling.catalog import find_service
+from usp_dispatcher.scheduling.events import emit_availability_changed, emit_waitlist_event
+from usp_dispatcher.scheduling.outcomes import (
     Outcome,
     invalid_state_transition,
     service_not_found,
@@ -21,9 +21,9 @@ from usp_dispatcher.domain.outcomes import (
     waitlist_entry_not_found,
     waitlist_limit_reached,
 )
-from usp_dispatcher.domain.seats import claim_hold, hold_free_seat, release_hold
-from usp_dispatcher.domain.tables import ServiceRow, SlotRow, WaitlistRow, WaitlistStatus
-from usp_dispatcher.domain.views import waitlist_view
+from usp_dispatcher.scheduling.seats import claim_hold, hold_free_seat, release_hold
+from usp_dispatcher.scheduling.tables import ServiceRow, SlotRow, WaitlistRow, WaitlistStatus
+from usp_dispatcher.scheduling.views import waitlist_view
 from usp_schemas import (
     Buyer,
     TimeWindow,
@@ -120,7 +120,7 @@ def get_waitlist_entry(session: Session, entry_id: str) -> WaitlistEntry | Outco
 
 def waitlist_entry_platform(session: Session, entry_id: str) -> tuple[bool, str | None]:
     """Whether the entry exists, and the profile of the platform that owns it (``None``: the
-    business); as :func:`usp_dispatcher.domain.bookings.booking_platform` is for bookings."""
+    business); as :func:`usp_dispatcher.scheduling.bookings.booking_platform` is for bookings."""
     row = session.exec(
         select(WaitlistRow.id, WaitlistRow.platform_profile).where(col(WaitlistRow.id) == entry_id)
     ).first()

@@ -1,6 +1,6 @@
 """The scheduling domain's periodic work, run by ``usp-webhooks scheduler`` beside the relay.
 
-Why it works this way: docs/architecture.md, "Notes by module", ``usp_dispatcher.domain.housekeeping``.
+Why it works this way: docs/architecture.md, "Notes by module", ``usp_dispatcher.scheduling.housekeeping``.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from datetime import datetime, timedelta
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
-from usp_dispatcher.domain import expire_offers, forget_idempotency_keys
+from usp_dispatcher.scheduling import expire_offers, forget_idempotency_keys
 from usp_workers.engine.outage import DATABASE_OUTAGE, database_unavailable
 from usp_workers.settings import SchedulerSettings
 from usp_workers.storage import db

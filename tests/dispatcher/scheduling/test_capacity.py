@@ -12,7 +12,7 @@ from typing import TypeVar
 
 from sqlmodel import Session
 
-from tests.dispatcher.domain.support import (
+from tests.dispatcher.scheduling.support import (
     ALICE,
     NOW,
     Catalog,
@@ -23,7 +23,7 @@ from tests.dispatcher.domain.support import (
     run,
     slot_counts,
 )
-from usp_dispatcher.domain import (
+from usp_dispatcher.scheduling import (
     OFFER_TTL,
     Outcome,
     add_slot,
@@ -37,7 +37,7 @@ from usp_dispatcher.domain import (
     query_availability,
     reschedule_booking,
 )
-from usp_dispatcher.domain.tables import BookingRow
+from usp_dispatcher.scheduling.tables import BookingRow
 from usp_schemas import INVALID_STATE_TRANSITION, SLOT_UNAVAILABLE, Booking, Buyer, TimeWindow
 from usp_workers.storage import db
 

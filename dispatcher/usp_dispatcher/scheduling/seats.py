@@ -1,6 +1,6 @@
 """A slot's seats, changed only by conditional ``UPDATE`` statements: the capacity guarantee.
 
-Why it works this way: docs/architecture.md, "Notes by module", ``usp_dispatcher.domain.seats``.
+Why it works this way: docs/architecture.md, "Notes by module", ``usp_dispatcher.scheduling.seats``.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlmodel import Session, col, select
 
-from usp_dispatcher.domain.tables import SlotRow
+from usp_dispatcher.scheduling.tables import SlotRow
 
 __all__ = ["claim_hold", "hold_free_seat", "lock_slots", "release_hold", "release_seat", "take_seat"]
 

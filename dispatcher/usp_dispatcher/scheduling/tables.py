@@ -1,6 +1,6 @@
-"""The scheduling domain's tables: services, slots, bookings, waitlist entries, idempotency keys.
+"""The scheduling tables: services, slots, bookings, waitlist entries, idempotency keys.
 
-Why it works this way: docs/architecture.md, "Notes by module", ``usp_dispatcher.domain.tables``.
+Why it works this way: docs/architecture.md, "Notes by module", ``usp_dispatcher.scheduling.tables``.
 """
 
 from __future__ import annotations
@@ -9,35 +9,20 @@ import enum
 from datetime import datetime
 
 import sqlalchemy as sa
-from sqlalchemy.orm import registry
-from sqlmodel import Field, SQLModel
+from sqlmodel import Field
 
+from usp_dispatcher.tables import DispatcherTable
 from usp_workers.storage.models import UtcDateTime, new_id, utcnow
 
 __all__ = [
-    "DOMAIN_METADATA",
-    "ApiKeyRow",
     "BookingRow",
     "BookingStatus",
-    "DomainTable",
     "IdempotencyRecord",
-    "NonceRow",
-    "PrincipalProfileRow",
     "ServiceRow",
     "SlotRow",
     "WaitlistRow",
     "WaitlistStatus",
 ]
-
-_registry = registry()
-
-
-class DomainTable(SQLModel, registry=_registry):
-    """Base of the domain's tables: maps them into the domain's own registry and metadata."""
-
-
-#: Every domain table, and nothing else: the target of the dispatcher's migration chain.
-DOMAIN_METADATA: sa.MetaData = _registry.metadata
 
 
 class BookingStatus(enum.StrEnum):
@@ -60,7 +45,7 @@ class WaitlistStatus(enum.StrEnum):
     LEFT = "left"
 
 
-class ServiceRow(DomainTable, table=True):
+class ServiceRow(DispatcherTable, table=True):
     """A bookable service. Never deleted (bookings reference it): ``active = False`` retires it."""
 
     __tablename__ = "sched_services"
@@ -78,7 +63,7 @@ class ServiceRow(DomainTable, table=True):
     updated_at: datetime = Field(default_factory=utcnow, sa_type=UtcDateTime)
 
 
-class SlotRow(DomainTable, table=True):
+class SlotRow(DispatcherTable, table=True):
     """A time a service can be booked at, with its seats: ``booked`` taken by bookings, ``held``
     kept for waitlist offers. ``remaining = capacity - booked - held``.
 
@@ -103,7 +88,7 @@ class SlotRow(DomainTable, table=True):
     updated_at: datetime = Field(default_factory=utcnow, sa_type=UtcDateTime)
 
 
-class BookingRow(DomainTable, table=True):
+class BookingRow(DispatcherTable, table=True):
     """A buyer's seat in a slot. ``start``/``end`` are copied from the slot (and follow a
     reschedule) so a booking reads whole without a join. ``correlation_id`` is the one it was
     created with: events caused by someone else (the business confirming) carry it."""
@@ -131,7 +116,7 @@ class BookingRow(DomainTable, table=True):
     updated_at: datetime = Field(default_factory=utcnow, sa_type=UtcDateTime)
 
 
-class WaitlistRow(DomainTable, table=True):
+class WaitlistRow(DispatcherTable, table=True):
     """A buyer waiting for a seat of a service within ``window_start``..``window_end``.
 
     An ``offered`` entry holds one seat of ``offered_slot_id`` (the slot's ``held``) until
@@ -158,7 +143,7 @@ class WaitlistRow(DomainTable, table=True):
     updated_at: datetime = Field(default_factory=utcnow, sa_type=UtcDateTime)
 
 
-class IdempotencyRecord(DomainTable, table=True):
+class IdempotencyRecord(DispatcherTable, table=True):
     """The first answer to a state-changing call made with an idempotency key.
 
     Keyed by (``principal``, ``key``): keys are the caller's namespace, so two callers may pick the
@@ -175,39 +160,3 @@ class IdempotencyRecord(DomainTable, table=True):
     status_code: int
     response: str = Field(sa_type=sa.Text, description="the structured content answered, as JSON")
     created_at: datetime = Field(default_factory=utcnow, sa_type=UtcDateTime, index=True)
-
-
-class ApiKeyRow(DomainTable, table=True):
-    """A platform's bearer API key. Only its SHA-256 is stored: a leaked database does not leak
-    usable keys, and lookup by hash needs no constant-time loop over every key."""
-
-    __tablename__ = "sched_api_keys"
-
-    id: str = Field(default_factory=lambda: new_id("key"), primary_key=True, max_length=40)
-    principal: str = Field(index=True, max_length=256, description="who the key authenticates")
-    token_hash: str = Field(unique=True, max_length=64, description="hex SHA-256 of the key")
-    label: str | None = Field(default=None, max_length=200)
-    created_at: datetime = Field(default_factory=utcnow, sa_type=UtcDateTime)
-    revoked_at: datetime | None = Field(default=None, sa_type=UtcDateTime)
-
-
-class PrincipalProfileRow(DomainTable, table=True):
-    """The first profile URI an authenticated principal presented (USP §10.1.6 identity
-    binding): a later call by that principal naming another profile is refused (``forbidden``).
-    Many principals may share one profile."""
-
-    __tablename__ = "sched_principal_profiles"
-
-    principal: str = Field(primary_key=True, max_length=256)
-    profile: str = Field(index=True, max_length=2048)
-    created_at: datetime = Field(default_factory=utcnow, sa_type=UtcDateTime)
-
-
-class NonceRow(DomainTable, table=True):
-    """A signature ``nonce`` seen from an agent's key, kept until a signature carrying it could no
-    longer be accepted (``expires_at``): a second request with the same one is a replay."""
-
-    __tablename__ = "access_nonces"
-
-    key: str = Field(primary_key=True, max_length=64, description="hex SHA-256 of thumbprint and nonce")
-    expires_at: datetime = Field(sa_type=UtcDateTime, index=True)

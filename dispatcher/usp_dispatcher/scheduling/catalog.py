@@ -13,10 +13,10 @@ from datetime import date, datetime, time, timedelta
 
 from sqlmodel import Session, col, select
 
-from usp_dispatcher.domain.events import emit_availability_changed, emit_service_event
-from usp_dispatcher.domain.outcomes import InvalidRequest, Outcome, service_not_found
-from usp_dispatcher.domain.tables import ServiceRow, SlotRow
-from usp_dispatcher.domain.views import service_view, slot_view, zone
+from usp_dispatcher.scheduling.events import emit_availability_changed, emit_service_event
+from usp_dispatcher.scheduling.outcomes import InvalidRequest, Outcome, service_not_found
+from usp_dispatcher.scheduling.tables import ServiceRow, SlotRow
+from usp_dispatcher.scheduling.views import service_view, slot_view, zone
 from usp_schemas import Money, Service, ServiceCreated, Slot
 from usp_workers.storage.models import new_id, utcnow
 

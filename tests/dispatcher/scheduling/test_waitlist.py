@@ -8,7 +8,7 @@ from datetime import timedelta
 
 import pytest
 
-from tests.dispatcher.domain.support import (
+from tests.dispatcher.scheduling.support import (
     ALICE,
     BOB,
     CAROL,
@@ -21,7 +21,7 @@ from tests.dispatcher.domain.support import (
     run,
     slot_counts,
 )
-from usp_dispatcher.domain import (
+from usp_dispatcher.scheduling import (
     OFFER_TTL,
     WAITLIST_ENTRY_NOT_FOUND,
     WAITLIST_LIMIT_REACHED,
@@ -33,7 +33,7 @@ from usp_dispatcher.domain import (
     leave_waitlist,
     reschedule_booking,
 )
-from usp_dispatcher.domain.waitlist import same_buyer
+from usp_dispatcher.scheduling.waitlist import same_buyer
 from usp_schemas import (
     INVALID_STATE_TRANSITION,
     SERVICE_NOT_FOUND,

@@ -16,7 +16,7 @@ from sqlalchemy.engine import Engine
 from typer.testing import CliRunner
 
 from tests.dispatcher.conftest import MakeSettings
-from tests.dispatcher.domain.support import (
+from tests.dispatcher.scheduling.support import (
     ALICE,
     BOB,
     Catalog,
@@ -30,9 +30,13 @@ from tests.dispatcher.domain.support import (
 from tests.faults import tcp_proxy
 from tests.postgres import fresh_schema
 from usp_dispatcher import cli, database
-from usp_dispatcher.domain import cancel_booking, create_booking, get_waitlist_entry, join_waitlist
-from usp_dispatcher.domain.housekeeping import IDEMPOTENCY_RETENTION, housekeeping_once, housekeeping_thread
-from usp_dispatcher.domain.tables import IdempotencyRecord
+from usp_dispatcher.scheduling import cancel_booking, create_booking, get_waitlist_entry, join_waitlist
+from usp_dispatcher.scheduling.housekeeping import (
+    IDEMPOTENCY_RETENTION,
+    housekeeping_once,
+    housekeeping_thread,
+)
+from usp_dispatcher.scheduling.tables import IdempotencyRecord
 from usp_schemas import TimeWindow, WaitlistEntry
 from usp_workers.storage import db
 from usp_workers.storage.models import utcnow

@@ -1,6 +1,6 @@
 """Business outcomes: what a service function answers instead of a result, never by raising.
 
-Why it works this way: docs/architecture.md, "Notes by module", ``usp_dispatcher.domain.outcomes``.
+Why it works this way: docs/architecture.md, "Notes by module", ``usp_dispatcher.scheduling.outcomes``.
 """
 
 from __future__ import annotations
@@ -20,6 +20,8 @@ from usp_schemas import (
 )
 
 __all__ = [
+    "SUBSCRIPTION_LIMIT_REACHED",
+    "SUBSCRIPTION_NOT_FOUND",
     "WAITLIST_ENTRY_NOT_FOUND",
     "WAITLIST_LIMIT_REACHED",
     "InvalidRequest",
@@ -29,6 +31,8 @@ __all__ = [
     "invalid_state_transition",
     "service_not_found",
     "slot_unavailable",
+    "subscription_limit_reached",
+    "subscription_not_found",
     "waitlist_closed",
     "waitlist_entry_not_found",
     "waitlist_limit_reached",
@@ -39,6 +43,10 @@ __all__ = [
 WAITLIST_ENTRY_NOT_FOUND: Final = "waitlist_entry_not_found"
 #: Ours too: the platform already holds as many open waitlist entries as it may.
 WAITLIST_LIMIT_REACHED: Final = "waitlist_limit_reached"
+#: Ours: an unknown feed subscription id, or another platform's.
+SUBSCRIPTION_NOT_FOUND: Final = "subscription_not_found"
+#: Ours: the platform's profile already holds as many active feed subscriptions as it may.
+SUBSCRIPTION_LIMIT_REACHED: Final = "subscription_limit_reached"
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,6 +115,24 @@ def idempotency_conflict() -> Outcome:
         IDEMPOTENCY_CONFLICT,
         "This idempotency key was already used for a different request; use a new key for a new request.",
         "unrecoverable",
+    )
+
+
+def subscription_not_found(subscription_id: str) -> Outcome:
+    return _error(
+        SUBSCRIPTION_NOT_FOUND,
+        f"There is no subscription {subscription_id}.",
+        "unrecoverable",
+        path="$.subscription_id",
+    )
+
+
+def subscription_limit_reached(limit: int) -> Outcome:
+    return _error(
+        SUBSCRIPTION_LIMIT_REACHED,
+        f"Your platform profile already has {limit} active subscriptions, the most it may hold: "
+        "delete one first.",
+        "recoverable",
     )
 
 

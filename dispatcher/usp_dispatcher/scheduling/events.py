@@ -1,6 +1,6 @@
 """The domain's events: built from the full object after the change, emitted in its transaction.
 
-Why it works this way: docs/architecture.md, "Notes by module", ``usp_dispatcher.domain.events``.
+Why it works this way: docs/architecture.md, "Notes by module", ``usp_dispatcher.scheduling.events``.
 """
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from datetime import datetime
 
 from sqlmodel import Session
 
-from usp_dispatcher.domain.tables import BookingRow, ServiceRow, SlotRow, WaitlistRow
-from usp_dispatcher.domain.views import booking_view, service_view, slot_view, waitlist_view
+from usp_dispatcher.scheduling.tables import BookingRow, ServiceRow, SlotRow, WaitlistRow
+from usp_dispatcher.scheduling.views import booking_view, service_view, slot_view, waitlist_view
 from usp_schemas import (
     AvailabilityChange,
     AvailabilityChanged,

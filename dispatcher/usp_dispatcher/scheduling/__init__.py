@@ -1,9 +1,9 @@
 """The scheduling domain: services, slots, bookings and the waitlist, behind plain functions.
 
-Why it works this way: docs/architecture.md, "Notes by module", ``usp_dispatcher.domain``.
+Why it works this way: docs/architecture.md, "Notes by module", ``usp_dispatcher.scheduling``.
 """
 
-from usp_dispatcher.domain.bookings import (
+from usp_dispatcher.scheduling.bookings import (
     booking_platform,
     cancel_booking,
     complete_booking,
@@ -13,7 +13,7 @@ from usp_dispatcher.domain.bookings import (
     mark_no_show,
     reschedule_booking,
 )
-from usp_dispatcher.domain.catalog import (
+from usp_dispatcher.scheduling.catalog import (
     MAX_AVAILABILITY_DAYS,
     Availability,
     ServiceSpec,
@@ -22,16 +22,16 @@ from usp_dispatcher.domain.catalog import (
     list_catalog,
     query_availability,
 )
-from usp_dispatcher.domain.content import Result, structured
-from usp_dispatcher.domain.idempotency import Answer, forget_idempotency_keys, perform
-from usp_dispatcher.domain.outcomes import (
+from usp_dispatcher.scheduling.content import Result, structured
+from usp_dispatcher.scheduling.idempotency import Answer, forget_idempotency_keys, perform
+from usp_dispatcher.scheduling.outcomes import (
     WAITLIST_ENTRY_NOT_FOUND,
     WAITLIST_LIMIT_REACHED,
     InvalidRequest,
     Outcome,
 )
-from usp_dispatcher.domain.seed import ensure_demo_catalog, seed_demo_catalog
-from usp_dispatcher.domain.waitlist import (
+from usp_dispatcher.scheduling.seed import ensure_demo_catalog, seed_demo_catalog
+from usp_dispatcher.scheduling.waitlist import (
     OFFER_TTL,
     expire_offers,
     get_waitlist_entry,

@@ -1,6 +1,6 @@
 """The demo catalog: something to book on a fresh installation (``usp-webhooks up``).
 
-Why it works this way: docs/architecture.md, "Notes by module", ``usp_dispatcher.domain.seed``.
+Why it works this way: docs/architecture.md, "Notes by module", ``usp_dispatcher.scheduling.seed``.
 """
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 from sqlmodel import Session, select
 
-from usp_dispatcher.domain.catalog import ServiceSpec, create_service
-from usp_dispatcher.domain.tables import ServiceRow, SlotRow
-from usp_dispatcher.domain.views import zone
+from usp_dispatcher.scheduling.catalog import ServiceSpec, create_service
+from usp_dispatcher.scheduling.tables import ServiceRow, SlotRow
+from usp_dispatcher.scheduling.views import zone
 from usp_schemas import Money
 from usp_workers.storage import db
 from usp_workers.storage.models import utcnow

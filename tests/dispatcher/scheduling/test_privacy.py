@@ -14,8 +14,8 @@ import pytest
 from sqlalchemy.engine import Engine
 from sqlmodel import Session, col, select
 
-from tests.dispatcher.domain.support import ALICE, BOB, CAROL, NOW, Catalog, call, ok, refused, run
-from usp_dispatcher.domain import (
+from tests.dispatcher.scheduling.support import ALICE, BOB, CAROL, NOW, Catalog, call, ok, refused, run
+from usp_dispatcher.scheduling import (
     OFFER_TTL,
     ServiceSpec,
     add_slot,
