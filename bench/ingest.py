@@ -43,8 +43,9 @@ from rich.table import Table
 from bench.api_process import ApiProcess, api_server, cpu_seconds
 from bench.pipeline import database, empty_broker
 from bench.reference import in_signs, sign_rate
+from usp_core import db
 from usp_schemas import BOOKING_CONFIRMED_EXAMPLE, new_event_id
-from usp_workers.storage import db
+from usp_workers.storage import migrate
 from usp_workers.storage.models import Subscription
 
 DEFAULT_POSTGRES = os.environ.get(
@@ -211,7 +212,7 @@ class Connection:
 def prepare(url: str) -> None:
     engine = db.make_engine(url)
     try:
-        db.upgrade(engine)
+        migrate.upgrade(engine)
         with db.session(engine) as session:
             for number in range(SUBSCRIPTIONS):
                 session.add(Subscription(url=f"http://127.0.0.1:9/hook/{number}"))

@@ -60,8 +60,8 @@ from rich.table import Table
 from bench.api_process import ApiProcess, cpu_seconds
 from bench.api_process import api_server as run_api
 from bench.reference import in_signs, sign_rate
+from usp_core import db
 from usp_dispatcher import access, scheduling
-from usp_workers.storage import db
 
 DEFAULT_POSTGRES = os.environ.get(
     "USP_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test"

@@ -72,19 +72,21 @@ from sqlmodel import Session, col, func, select
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # for bench.api_process
 from bench.api_process import cpu_seconds, group_cpu_seconds, or_zero
+from usp_core.clock import utcnow
+from usp_core.db import make_engine, session
+from usp_core.keycache import current_signing_keys
+from usp_core.keys import ensure_signing_key, published_jwks
+from usp_dispatcher.cli.config import Settings
 from usp_receiver import SigningKey, sign_request
 from usp_schemas import BOOKING_CONFIRMED_EXAMPLE, new_event_id
 from usp_workers.engine import outbox, store, tracing
-from usp_workers.engine.keycache import current_signing_keys
-from usp_workers.engine.keys import ensure_signing_key, published_jwks
 from usp_workers.engine.payloads import build_delivery_request
 from usp_workers.runtime import tasks
 from usp_workers.runtime.celery_app import QUEUE, make_celery
 from usp_workers.runtime.heap import freeze_startup_heap
 from usp_workers.runtime.worker import worker_argv
-from usp_workers.settings import Settings
-from usp_workers.storage.db import make_engine, session, upgrade
-from usp_workers.storage.models import Attempt, Delivery, DeliveryStatus, Ordering, Subscription, utcnow
+from usp_workers.storage.migrate import upgrade
+from usp_workers.storage.models import Attempt, Delivery, DeliveryStatus, Ordering, Subscription
 
 BENCH_DIR = Path(__file__).resolve().parent
 DEFAULT_REDIS = "redis://127.0.0.1:6379/12"
@@ -796,7 +798,7 @@ def run_config(config: Config, args: argparse.Namespace, folder: Path) -> Result
                     sys.executable,
                     "-c",
                     "from usp_workers.runtime.relay import run_relay; "
-                    "from usp_workers.settings import Settings; run_relay(Settings())",
+                    "from usp_dispatcher.cli.config import Settings; run_relay(Settings())",
                 ]
                 stack.start("relay", relay, env, folder).wait_for("scheduler started")
             # This process commits and hands off the events, as the API does, so it freezes

@@ -7,7 +7,7 @@ the client's). The client process sends signed-delivery-sized POSTs (a ~600-byte
 headers a delivery carries) over kept-alive HTTP/1.1 connections, ``--in-flight`` at a time, and
 prints its own CPU per request and the requests per second for:
 
-* ``OriginTransport.request`` — the worker's path (:func:`usp_workers.engine.ssrf.send_pinned`);
+* ``OriginTransport.request`` — the worker's path (:func:`usp_core.ssrf.send_pinned`);
 * ``httpx.AsyncClient`` over ``OriginTransport`` — httpx's models on our pool;
 * ``httpx.AsyncClient`` with its own pool (httpcore, HTTP/1.1 keep-alive) — the alternative.
 """
@@ -25,7 +25,7 @@ import httpx
 from rich.console import Console
 from rich.table import Table
 
-from usp_workers.engine.origin_pool import OriginTransport, RawRequest
+from usp_core.origin_pool import OriginTransport, RawRequest
 
 ANSWER = (
     b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 15\r\n"

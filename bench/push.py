@@ -54,13 +54,13 @@ from bench.api_process import ApiProcess
 from bench.api_process import api_server as run_api
 from bench.mcp import ADMIN_TOKEN, database
 from bench.reference import sign_rate
+from usp_core import db
 from usp_dispatcher import access
 from usp_dispatcher.webhooks.samples import sample_event
 from usp_receiver import JWKS
 from usp_receiver.dedupe import MemoryDedupe
 from usp_receiver.mcp import NotificationBinding, ReceivedNotification, listen
 from usp_workers.engine import outbox
-from usp_workers.storage import db
 from usp_workers.storage.models import Subscription
 
 PROFILE = "https://bench.example/profiles/listener.json"

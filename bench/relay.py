@@ -40,10 +40,12 @@ from sqlalchemy.engine import Engine
 from sqlmodel import Session
 
 from bench.pipeline import DEFAULT_POSTGRES, database
+from usp_core.clock import utcnow
+from usp_core.db import make_engine
+from usp_dispatcher.cli.config import Settings
 from usp_workers.runtime.relay import hold_blocked, mark_due, release_held
-from usp_workers.settings import Settings
-from usp_workers.storage.db import make_engine, upgrade
-from usp_workers.storage.models import Ordering, Subscription, utcnow
+from usp_workers.storage.migrate import upgrade
+from usp_workers.storage.models import Ordering, Subscription
 
 PASSES = 5
 UNORDERED_DUE = 100

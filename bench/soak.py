@@ -50,10 +50,10 @@ from rich.table import Table
 from bench.api_process import api_server, group_open_files, group_rss_bytes
 from bench.ingest import ADMIN_TOKEN, PLACEHOLDER, Connection
 from bench.pipeline import DEFAULT_POSTGRES, DEFAULT_REDIS, Receiver, Stack, database, empty_broker, free_port
+from usp_core.db import make_engine, session
 from usp_dispatcher import access
 from usp_dispatcher import database as dispatcher_database
 from usp_schemas import BOOKING_CONFIRMED_EXAMPLE, new_event_id
-from usp_workers.storage.db import make_engine, session
 from usp_workers.storage.models import Subscription
 
 IDLE_SECONDS = 300.0  #: USP_MCP_SESSION_IDLE_SECONDS's default

@@ -35,10 +35,10 @@ from rich.table import Table
 
 from bench.pipeline import database
 from bench.reference import in_signs, sign_rate
+from usp_core import db
 from usp_dispatcher import database as dispatcher_database
 from usp_dispatcher import scheduling
 from usp_dispatcher.scheduling.tables import ServiceRow
-from usp_workers.storage import db
 
 DEFAULT_POSTGRES = os.environ.get(
     "USP_BENCH_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test"

@@ -62,11 +62,11 @@ from rich.table import Table
 from bench.api_process import ApiProcess, cpu_seconds
 from bench.api_process import api_server as run_api
 from bench.reference import in_signs, sign_rate
+from usp_core import db
 from usp_dispatcher import database as dispatcher_database
 from usp_dispatcher.access.signatures import web_bot_auth_headers
 from usp_dispatcher.ucap.catalog import SearchIn, search_catalog
 from usp_receiver import SigningKey
-from usp_workers.storage import db
 
 _WORDS = 20_000
 DEFAULT_POSTGRES = os.environ.get(

@@ -34,8 +34,8 @@ def anyio_backend() -> str:
 def amqp_url() -> str:
     """URL of a live RabbitMQ (``USP_TEST_AMQP_URL``) for the pipeline tests on that broker."""
     url = os.environ.get(AMQP_URL_ENV, DEFAULT_AMQP_URL)
+    from usp_dispatcher.cli.config import Settings
     from usp_workers.runtime.celery_app import make_celery
-    from usp_workers.settings import Settings
 
     try:
         with make_celery(Settings(_env_file=None, broker_url=url)).connection_for_write() as connection:

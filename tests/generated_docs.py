@@ -14,8 +14,10 @@ from pathlib import Path
 
 from pydantic_settings import BaseSettings
 
+from usp_core.settings import CommonSettings
+from usp_dispatcher.settings import ApiSettings
 from usp_dispatcher.ucap.settings import UcapSettings
-from usp_workers.settings import ApiSettings, CommonSettings, SchedulerSettings, WorkerSettings
+from usp_workers.settings import SchedulerSettings, WorkerSettings
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGE = ROOT / "docs" / "architecture.md"
@@ -23,6 +25,7 @@ README = ROOT / "README.md"
 PACKAGES = (
     ("schemas", "usp_schemas"),
     ("receiver", "usp_receiver"),
+    ("workers", "usp_core"),
     ("workers", "usp_workers"),
     ("dispatcher", "usp_dispatcher"),
 )

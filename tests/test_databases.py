@@ -8,9 +8,10 @@ from pathlib import Path
 import sqlalchemy as sa
 
 from tests.databases import migrated_schema, migrated_sqlite
-from usp_workers.engine.keys import rotate
-from usp_workers.settings import Settings
-from usp_workers.storage.db import make_engine, session, upgrade
+from usp_core.db import make_engine, session
+from usp_core.keys import rotate
+from usp_dispatcher.cli.config import Settings
+from usp_workers.storage.migrate import upgrade
 
 
 def _keys(url: str) -> int:

@@ -9,11 +9,13 @@ from pathlib import Path
 
 from sqlalchemy.engine import Engine
 
-from usp_dispatcher.access import tables as _access_tables  # noqa: F401  (each module's tables join
-from usp_dispatcher.scheduling import tables as _scheduling_tables  # noqa: F401  the metadata as
+# Each module's tables join the metadata as the module is imported.
+from usp_core import db
+from usp_dispatcher.access import tables as _access_tables  # noqa: F401
+from usp_dispatcher.scheduling import tables as _scheduling_tables  # noqa: F401
 from usp_dispatcher.tables import METADATA
-from usp_dispatcher.ucap import tables as _content_tables  # noqa: F401  it is imported)
-from usp_workers.storage import db
+from usp_dispatcher.ucap import tables as _content_tables  # noqa: F401
+from usp_workers import upgrade as upgrade_engine
 
 __all__ = ["METADATA", "MIGRATIONS", "upgrade"]
 
@@ -25,7 +27,7 @@ _MIGRATION_LOCK = 0x5553_5044  # "USPD": not the engine's lock, so the two chain
 def upgrade(engine: Engine, revision: str = "head") -> dict[str, db.Migrated]:
     """Bring both chains to their head (``revision`` applies to the domain's chain); what each
     did, by chain name (``engine``, ``domain``)."""
-    engine_chain = db.upgrade(engine)
+    engine_chain = upgrade_engine(engine)
     domain_chain = db.run_migrations(
         engine, MIGRATIONS, lock=_MIGRATION_LOCK, revision=revision, version_table=VERSION_TABLE
     )

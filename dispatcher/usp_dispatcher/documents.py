@@ -12,8 +12,8 @@ from typing import Literal
 import anyio
 import httpx
 
-from usp_workers.engine.ssrf import ResolvedTarget, new_client, send_pinned
-from usp_workers.settings import CommonSettings
+from usp_core.settings import CommonSettings
+from usp_core.ssrf import ResolvedTarget, new_client, send_pinned
 
 __all__ = ["Document", "DocumentUnavailable", "Failure", "fetch_document"]
 

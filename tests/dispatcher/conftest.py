@@ -21,12 +21,12 @@ from sqlalchemy.engine import Engine
 from tests.databases import migrated_database
 from tests.postgres import fresh_schema
 from tests.servers import running
+from usp_core import db
 from usp_dispatcher import database
 from usp_dispatcher.api.app import create_app
+from usp_dispatcher.cli.config import Settings
 from usp_dispatcher.scheduling.seed import ensure_demo_catalog
 from usp_dispatcher.ucap.seed import ensure_demo_content
-from usp_workers.settings import Settings
-from usp_workers.storage import db
 
 ADMIN_TOKEN = "test-admin-token-7c1f0e"
 ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}

@@ -12,9 +12,9 @@ from fastapi import FastAPI
 from fastapi.responses import RedirectResponse, Response
 
 from tests.dispatcher.conftest import Serve
+from usp_core.ssrf import check_target
+from usp_dispatcher.cli.config import Settings
 from usp_dispatcher.documents import DocumentUnavailable, fetch_document
-from usp_workers.engine.ssrf import check_target
-from usp_workers.settings import Settings
 
 pytestmark = pytest.mark.anyio
 

@@ -789,8 +789,8 @@ def test_package_imports_without_extras_and_stores_say_what_to_install() -> None
 def test_the_default_dedupe_window_outlasts_the_services_retention() -> None:
     """An operator can replay any event the service still keeps; the receiver's default memory of
     handled ids must cover that whole age, or the replay is processed twice."""
+    from usp_dispatcher.cli.config import Settings
     from usp_receiver.dedupe import DEFAULT_TTL_SECONDS
-    from usp_workers.settings import Settings
 
     retention_seconds = Settings.model_fields["retention_days"].default * 86400
     assert retention_seconds < DEFAULT_TTL_SECONDS

@@ -4,7 +4,7 @@ signing keys, a controllable clock, settings fit for tests.
 * ``database`` runs each test on both databases: a SQLite file of its own, and a PostgreSQL
   schema of its own (``search_path`` set per connection), so tests never see each other's rows
   nor those of other test modules sharing the server. Both hold no rows and come from the Alembic
-  migrations (``usp_workers.storage.db.upgrade``), never ``create_all``, run once per process
+  migrations (``usp_workers.storage.migrate.upgrade``), never ``create_all``, run once per process
   (``tests.databases``).
 * ``hub`` is one uvicorn server on 127.0.0.1 for the whole session; ``endpoints`` gives each test
   its own paths on it, and ``hub.seen(path)`` shows every request that reached a path.
@@ -45,13 +45,14 @@ from tests.workers.support import (
     exclusive,
     redis_db_url,
 )
+from usp_core.db import make_engine, session
+from usp_core.keycache import clear_signing_key_cache
+from usp_core.keys import ensure_signing_key, published_jwks
+from usp_dispatcher.cli.config import Settings
 from usp_receiver import JWKS
-from usp_workers.engine.keycache import clear_signing_key_cache
-from usp_workers.engine.keys import ensure_signing_key, published_jwks
 from usp_workers.engine.transport import make_client
 from usp_workers.runtime import tasks
-from usp_workers.settings import Settings
-from usp_workers.storage.db import make_engine, session, upgrade
+from usp_workers.storage.migrate import upgrade
 
 MakeSettings = Callable[..., Settings]
 

@@ -27,14 +27,15 @@ from sqlmodel import Session, col, func, select
 
 from tests import forked
 from tests.workers.endpoints import App, Hub
+from usp_core.clock import utcnow
+from usp_core.db import session
+from usp_core.keys import published_jwks
+from usp_dispatcher.cli.config import Settings
 from usp_receiver import JWKS
 from usp_schemas import BOOKING_CONFIRMED_EXAMPLE, new_event_id
-from usp_workers.engine.keys import published_jwks
 from usp_workers.engine.outbox import emit
 from usp_workers.runtime.celery_app import QUEUE, make_celery
-from usp_workers.settings import Settings
-from usp_workers.storage.db import session
-from usp_workers.storage.models import Attempt, Delivery, DeliveryStatus, Subscription, Transport, utcnow
+from usp_workers.storage.models import Attempt, Delivery, DeliveryStatus, Subscription, Transport
 
 
 class Clock:
@@ -459,7 +460,7 @@ class WorkerProcess(ServiceProcess):
 #: emits itself (operational events) reaches the broker at once.
 RELAY_SCRIPT = (
     "from usp_workers.runtime.relay import run_relay; from usp_workers.runtime import tasks; "
-    "from usp_workers.settings import Settings; settings = Settings()\n"
+    "from usp_dispatcher.cli.config import Settings; settings = Settings()\n"
     "with tasks.handing_off(settings):\n    run_relay(settings)"
 )
 

@@ -7,7 +7,10 @@ import pydantic
 import pytest
 
 from tests.generated_docs import own_fields
-from usp_workers.settings import ApiSettings, CommonSettings, SchedulerSettings, Settings, WorkerSettings
+from usp_core.settings import CommonSettings
+from usp_dispatcher.cli.config import Settings
+from usp_dispatcher.settings import ApiSettings
+from usp_workers.settings import SchedulerSettings, WorkerSettings
 
 KINDS: tuple[type[CommonSettings], ...] = (CommonSettings, ApiSettings, WorkerSettings, SchedulerSettings)
 

@@ -15,12 +15,12 @@ import sqlalchemy as sa
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, col, select
 
+from usp_core.clock import utcnow
 from usp_dispatcher.access.bindings import MAX_PROFILE_LENGTH, bind_profile
 from usp_dispatcher.access.errors import AccessError, unauthenticated
 from usp_dispatcher.access.identity import BUSINESS, Identity
 from usp_dispatcher.access.tables import ApiKeyRow
-from usp_workers.settings import ApiSettings
-from usp_workers.storage.models import utcnow
+from usp_dispatcher.settings import ApiSettings
 
 __all__ = [
     "KEY_PREFIX",

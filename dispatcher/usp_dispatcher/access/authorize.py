@@ -15,6 +15,8 @@ import anyio.to_thread
 from sqlalchemy.engine import Engine
 from sqlmodel import Session
 
+from usp_core import db
+from usp_core.ssrf import Resolver
 from usp_dispatcher.access.apikeys import authenticate_bearer
 from usp_dispatcher.access.bindings import MAX_PROFILE_LENGTH, bind_profile
 from usp_dispatcher.access.credentials import (
@@ -28,9 +30,7 @@ from usp_dispatcher.access.errors import Access, forbidden, invalid_params, unau
 from usp_dispatcher.access.identity import Caller, Identity
 from usp_dispatcher.access.policy import AuthorizationPolicy
 from usp_dispatcher.access.signatures import DirectoryCache, NonceCheck, verify_agent_signature
-from usp_workers.engine.ssrf import Resolver
-from usp_workers.settings import ApiSettings
-from usp_workers.storage import db
+from usp_dispatcher.settings import ApiSettings
 
 __all__ = ["authenticate_http", "authorize"]
 

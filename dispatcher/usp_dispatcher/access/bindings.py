@@ -12,9 +12,9 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, col
 
+from usp_core.clock import utcnow
 from usp_dispatcher.access.errors import forbidden
 from usp_dispatcher.access.tables import PrincipalProfileRow
-from usp_workers.storage.models import utcnow
 
 __all__ = ["MAX_PROFILE_LENGTH", "bind_profile", "bound_profile"]
 

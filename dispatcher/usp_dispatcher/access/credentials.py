@@ -16,13 +16,13 @@ from typing import Any, Final, TypeGuard
 import rfc8785
 from sqlmodel import Session
 
+from usp_core.clock import utcnow
+from usp_core.keycache import current_signing_keys
+from usp_core.keys import published_jwks
 from usp_dispatcher.access.errors import unauthenticated
+from usp_dispatcher.settings import ApiSettings
 from usp_receiver import JWKS, PublicKey, SigningKey, jwk_thumbprint
 from usp_receiver.jose import JWSError, b64url, parse_jws, peek_header, sign_jws
-from usp_workers.engine.keycache import current_signing_keys
-from usp_workers.engine.keys import published_jwks
-from usp_workers.settings import ApiSettings
-from usp_workers.storage.models import utcnow
 
 __all__ = [
     "CREDENTIAL_TYP",

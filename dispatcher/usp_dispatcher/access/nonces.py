@@ -23,10 +23,10 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Engine
 
+from usp_core.clock import utcnow
+from usp_core.settings import CommonSettings
 from usp_dispatcher.access.signatures import NonceCheck
 from usp_dispatcher.access.tables import NonceRow
-from usp_workers.settings import CommonSettings
-from usp_workers.storage.models import utcnow
 
 __all__ = ["NonceStoreUnavailable", "RedisNonces", "database_nonces", "nonces_for", "redis_nonces"]
 

@@ -10,8 +10,8 @@ from typing import Any, Final, Literal
 
 from usp_dispatcher.access.credentials import CREDENTIAL_TYP, POP_TYP, PROOF_WINDOW_SECONDS, SCOPED_TOOLS
 from usp_dispatcher.access.signatures import DIRECTORY_PATH, WEB_BOT_AUTH_TAG
+from usp_dispatcher.settings import ApiSettings
 from usp_receiver import DEFAULT_ALGORITHMS
-from usp_workers.settings import ApiSettings
 
 __all__ = ["MECHANISMS", "AuthorizationPolicy", "Mechanism", "policy_document"]
 

@@ -18,9 +18,11 @@ from typing import Final
 import anyio
 import httpx
 
+from usp_core.ssrf import Resolver, TargetRefused, check_target
 from usp_dispatcher.access.errors import unauthenticated
 from usp_dispatcher.access.identity import Identity
 from usp_dispatcher.documents import DocumentUnavailable, fetch_document
+from usp_dispatcher.settings import ApiSettings
 from usp_receiver import (
     JWKS,
     PublicKey,
@@ -34,8 +36,6 @@ from usp_receiver import (
     jwk_thumbprint,
     sign_message,
 )
-from usp_workers.engine.ssrf import Resolver, TargetRefused, check_target
-from usp_workers.settings import ApiSettings
 
 __all__ = [
     "DIRECTORY_PATH",

@@ -17,17 +17,14 @@ from fastapi.concurrency import run_in_threadpool
 from pydantic import BaseModel, ConfigDict, Field
 from sqlmodel import Session, col, select
 
+from usp_core import keys
 from usp_dispatcher.console import portal
+from usp_dispatcher.settings import ApiSettings
 from usp_dispatcher.web.auth import AdminDep
 from usp_dispatcher.web.deps import ResolverDep, SessionDep, SettingsDep
 from usp_dispatcher.web.problems import HTTPProblem
 from usp_dispatcher.webhooks import probes
-from usp_workers import operations
-from usp_workers.engine import keys
-from usp_workers.operations import DeadLetterFilter, EventFilter
-from usp_workers.runtime import tasks
-from usp_workers.settings import ApiSettings
-from usp_workers.storage.models import (
+from usp_workers import (
     DeliveryStatus,
     OnDead,
     Ordering,
@@ -35,7 +32,10 @@ from usp_workers.storage.models import (
     Subscription,
     SubscriptionState,
     Transport,
+    operations,
+    tasks,
 )
+from usp_workers.operations import DeadLetterFilter, EventFilter
 
 __all__ = ["router"]
 

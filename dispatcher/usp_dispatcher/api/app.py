@@ -15,24 +15,21 @@ from fastapi import APIRouter, FastAPI
 from opentelemetry.instrumentation.fastapi import FastAPIInstrumentor
 from sqlalchemy.engine import Engine
 
+from usp_core import db, keys
 from usp_dispatcher import console, database
 from usp_dispatcher.api import admin, discovery, events, feed, health, scheduling, wellknown
 from usp_dispatcher.api import metrics as metrics_routes
 from usp_dispatcher.api import ucap as ucap_routes
 from usp_dispatcher.mcp.http import MCP_PATH, mount_mcp
 from usp_dispatcher.scheduling import ensure_demo_catalog
+from usp_dispatcher.settings import ApiSettings
 from usp_dispatcher.ucap.seed import ensure_demo_content
 from usp_dispatcher.ucap.service import UcapService
 from usp_dispatcher.ucap.settings import UcapSettings
 from usp_dispatcher.web.problems import install_problem_handlers
 from usp_dispatcher.web.request_guard import RefuseNul
 from usp_dispatcher.webhooks.intake import Intake
-from usp_workers.engine import keys, tracing
-from usp_workers.runtime import tasks
-from usp_workers.runtime.heap import freeze_startup_heap
-from usp_workers.runtime.logs import configure_logging
-from usp_workers.settings import ApiSettings
-from usp_workers.storage import db
+from usp_workers import configure_logging, freeze_startup_heap, tasks, tracing
 
 __all__ = ["create_app"]
 

@@ -14,10 +14,10 @@ from usp_dispatcher import access
 from usp_dispatcher.mcp.listen import LISTEN_FILTER
 from usp_dispatcher.mcp.results import CAPABILITIES
 from usp_dispatcher.mcp.tools import TOOLS
+from usp_dispatcher.settings import ApiSettings
 from usp_dispatcher.web.deps import SettingsDep
 from usp_receiver.mcp import CURSOR_META_KEY, EXTENSION_IDENTIFIER
 from usp_schemas import EVENT_TYPES, USP_VERSION
-from usp_workers.settings import ApiSettings
 
 __all__ = ["WEBHOOK_CAPABILITY", "business_profile", "router"]
 

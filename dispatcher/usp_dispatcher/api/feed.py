@@ -18,7 +18,7 @@ from usp_dispatcher.web.auth import AdminDep
 from usp_dispatcher.web.deps import ResolverDep, SessionDep, SettingsDep
 from usp_dispatcher.webhooks import feed
 from usp_dispatcher.webhooks.profiles import register_profile
-from usp_workers.storage.models import OnDead, Ordering, SubscriptionState, Transport
+from usp_workers import OnDead, Ordering, SubscriptionState, Transport
 
 __all__ = ["router"]
 

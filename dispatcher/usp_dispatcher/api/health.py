@@ -1,7 +1,7 @@
 """``GET /healthz`` (the process answers) and ``GET /readyz`` (it can work: database and broker).
 
 Both are public, as load balancers and orchestrators probe without credentials; neither says
-more than which dependency failed and how (:mod:`usp_workers.runtime.readiness`).
+more than which dependency failed and how (:func:`usp_workers.readiness`).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from pydantic import BaseModel, Field
 from sqlalchemy.engine import Engine
 
 from usp_dispatcher.web.deps import SettingsDep, get_engine
-from usp_workers.runtime import readiness
+from usp_workers import readiness
 
 __all__ = ["router"]
 
@@ -45,7 +45,7 @@ async def healthz() -> Alive:
 @router.get("/readyz", response_model=Ready, responses={503: {"model": Ready}})
 async def readyz(settings: SettingsDep, engine: Annotated[Engine, Depends(get_engine)]) -> JSONResponse:
     """Readiness: the database and the broker answer within a few seconds each."""
-    checks = await run_in_threadpool(readiness.readiness, engine, settings)
+    checks = await run_in_threadpool(readiness, engine, settings)
     ready = all(check.ok for check in checks)
     body = Ready(
         status="ready" if ready else "unready",

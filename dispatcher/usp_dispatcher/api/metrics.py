@@ -15,7 +15,7 @@ from sqlalchemy.engine import Engine
 
 from usp_dispatcher.web.auth import require_admin
 from usp_dispatcher.web.deps import SettingsDep, get_engine
-from usp_workers.runtime import metrics
+from usp_workers import metrics
 
 __all__ = ["router"]
 
@@ -42,5 +42,5 @@ router = APIRouter(tags=["operations"], dependencies=[Depends(metrics_access)])
 async def get_metrics(settings: SettingsDep, engine: Annotated[Engine, Depends(get_engine)]) -> Response:
     """Deliveries by status and event type, queue depth and backlog age, dead-letter size, the
     attempt latency histogram (recent window), and each subscription's breaker state."""
-    body = await run_in_threadpool(metrics.render, engine, settings)
+    body = await run_in_threadpool(metrics.render, engine, settings.metrics_window_seconds)
     return Response(content=body, media_type=CONTENT_TYPE_LATEST)

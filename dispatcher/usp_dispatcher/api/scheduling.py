@@ -19,6 +19,7 @@ from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 from sqlmodel import Session
 
+from usp_core import db
 from usp_dispatcher import access, scheduling
 from usp_dispatcher.access import AccessError
 from usp_dispatcher.access.credentials import MECHANISM, looks_like_booking_credential
@@ -35,7 +36,6 @@ from usp_dispatcher.scheduling.service import OPERATIONS, Call, UspMeta, read_me
 from usp_dispatcher.text import validation_text
 from usp_dispatcher.web.problems import HTTPProblem
 from usp_schemas import StructuredContent
-from usp_workers.storage import db
 
 __all__ = ["BookingIn", "CancelIn", "RescheduleIn", "WaitlistIn", "public_router", "router"]
 

@@ -10,8 +10,8 @@ from fastapi import APIRouter
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
 
+from usp_core import keys
 from usp_dispatcher.web.deps import SessionDep, SettingsDep
-from usp_workers.engine import keys
 
 __all__ = ["DIRECTORY_MEDIA_TYPE", "JWKS_MEDIA_TYPE", "router"]
 

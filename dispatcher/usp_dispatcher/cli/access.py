@@ -15,11 +15,11 @@ import typer
 from rich.console import Console
 from sqlmodel import Session
 
+from usp_core import db
 from usp_dispatcher.access import create_api_key, list_api_keys, revoke_api_key
 from usp_dispatcher.cli.config import load_settings, open_engine
 from usp_dispatcher.cli.helptext import LabelledGroup
 from usp_dispatcher.cli.output import Json, add_row, age, print_json, table
-from usp_workers.storage import db
 
 __all__ = ["api_keys_app"]
 

@@ -7,10 +7,21 @@ from contextlib import contextmanager
 
 from sqlalchemy.engine import Engine
 
-from usp_workers.settings import CommonSettings, Settings
-from usp_workers.storage import db
+from usp_core import db
+from usp_core.settings import CommonSettings
+from usp_dispatcher.settings import ApiSettings
+from usp_workers import SchedulerSettings
 
-__all__ = ["load_settings", "open_engine"]
+__all__ = ["Settings", "load_settings", "open_engine"]
+
+
+class Settings(ApiSettings, SchedulerSettings):
+    """Every setting: for ``usp-webhooks up``, which runs the API, a worker and the scheduler in
+    one process tree, and for the command line.
+
+    >>> Settings(retry_schedule="5,60", auth_mechanisms="bearer").retry_schedule
+    (5.0, 60.0)
+    """
 
 
 def load_settings() -> Settings:

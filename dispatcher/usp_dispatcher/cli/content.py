@@ -12,11 +12,11 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console
 
+from usp_core import db
 from usp_dispatcher.cli.admin import DEFAULT_URL, AdminClient, Token, Url
 from usp_dispatcher.cli.config import load_settings, open_engine
 from usp_dispatcher.cli.helptext import LabelledGroup
 from usp_dispatcher.cli.output import Json, add_row, print_json, short_id, table
-from usp_workers.storage import db
 
 __all__ = ["register"]
 
@@ -103,7 +103,7 @@ def confirm(session_id: Annotated[str, typer.Argument(help="The checkout session
     the subscription is activated and the entitlement granted, once."""
     from usp_dispatcher.ucap.answers import UcapError
     from usp_dispatcher.ucap.subscriptions import fulfil
-    from usp_workers.runtime.tasks import handing_off
+    from usp_workers import handing_off
 
     settings = load_settings()
     try:

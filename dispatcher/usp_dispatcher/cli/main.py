@@ -22,7 +22,8 @@ from usp_dispatcher.cli.content import register as register_content_commands
 from usp_dispatcher.cli.helptext import LabelledGroup
 from usp_dispatcher.cli.listen import listen
 from usp_dispatcher.cli.output import Json, print_json
-from usp_workers.settings import ApiSettings, SchedulerSettings, WorkerSettings
+from usp_dispatcher.settings import ApiSettings
+from usp_workers import SchedulerSettings, WorkerSettings
 
 __all__ = ["app", "keys_app", "main"]
 
@@ -91,7 +92,7 @@ def migrate() -> None:
 def ready() -> None:
     """Check that the database and the broker answer (the container health check of the worker
     and the scheduler; the API serves the same at /readyz). Exit 1 naming what failed."""
-    from usp_workers.runtime.readiness import readiness
+    from usp_workers import readiness
 
     settings = load_settings()
     with open_engine(settings) as engine:
@@ -143,7 +144,7 @@ def worker(
     ] = None,
 ) -> None:
     """Run a delivery worker (Celery, threads pool) until SIGTERM or Ctrl-C."""
-    from usp_workers.runtime.worker import run_worker
+    from usp_workers import run_worker
 
     run_worker(WorkerSettings(), concurrency=concurrency)
 
@@ -153,8 +154,7 @@ def scheduler() -> None:
     """Run the scheduler: enqueue due deliveries, reclaim expired leases, expire waitlist offers
     (one is enough; two are safe)."""
     from usp_dispatcher.scheduling.housekeeping import housekeeping_thread
-    from usp_workers.runtime import tasks
-    from usp_workers.runtime.relay import run_relay
+    from usp_workers import run_relay, tasks
 
     settings = SchedulerSettings()
     # Events of expired offers reach the broker at once, not at the relay's re-send.

@@ -24,11 +24,10 @@ import httpx
 from kombu.utils.url import maybe_sanitize_url
 from rich.console import Console
 
+from usp_core import db, keys
 from usp_dispatcher import database
-from usp_workers.engine import keys
-from usp_workers.runtime.celery_app import make_celery, prepare_broker
-from usp_workers.settings import Settings
-from usp_workers.storage import db
+from usp_dispatcher.cli.config import Settings
+from usp_workers import make_celery, prepare_broker
 
 __all__ = ["READY_TIMEOUT", "STOP_TIMEOUT", "Child", "child_environment", "display_host", "run_up"]
 

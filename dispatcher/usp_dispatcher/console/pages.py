@@ -16,6 +16,7 @@ from fastapi import APIRouter, Depends, Form, Query, Request
 from fastapi.responses import HTMLResponse, Response
 from sqlalchemy.engine import Engine
 
+from usp_core import keys
 from usp_dispatcher.console import session as login
 from usp_dispatcher.console.session import Login
 from usp_dispatcher.console.web import (
@@ -29,17 +30,23 @@ from usp_dispatcher.console.web import (
 )
 from usp_dispatcher.durations import parse_retry_schedule
 from usp_dispatcher.errors import Conflict, NotFound, Refused
+from usp_dispatcher.settings import ApiSettings
 from usp_dispatcher.web.deps import SessionDep, SettingsDep, get_engine
 from usp_dispatcher.web.problems import HTTPProblem
 from usp_dispatcher.webhooks import feed
 from usp_schemas import OPERATIONAL_EVENT_TYPES
-from usp_workers import operations
-from usp_workers.engine import keys
-from usp_workers.engine.webhook_secrets import RFC9421, WebhookSecrets
-from usp_workers.operations import DeadLetterFilter, EventFilter, activity
-from usp_workers.runtime import metrics, tasks
-from usp_workers.settings import ApiSettings
-from usp_workers.storage.models import DeliveryStatus, SubscriptionState, Transport
+from usp_workers import (
+    RFC9421,
+    DeliveryStatus,
+    SubscriptionState,
+    Transport,
+    WebhookSecrets,
+    activity,
+    metrics,
+    operations,
+    tasks,
+)
+from usp_workers.operations import DeadLetterFilter, EventFilter
 
 __all__ = ["router"]
 

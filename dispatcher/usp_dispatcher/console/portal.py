@@ -17,15 +17,13 @@ from usp_dispatcher.console import session as login
 from usp_dispatcher.console.session import Login
 from usp_dispatcher.console.web import UNSETTLED, admin_token, call, redirect, render, session_dependencies
 from usp_dispatcher.errors import DispatcherError
+from usp_dispatcher.settings import ApiSettings
 from usp_dispatcher.web.deps import ResolverDep, SessionDep, SettingsDep
 from usp_dispatcher.web.problems import status_of
 from usp_dispatcher.webhooks import probes
 from usp_dispatcher.webhooks.samples import sample_event
 from usp_schemas import EVENT_TYPES
-from usp_workers import operations
-from usp_workers.engine.outbox import emit, event_matches
-from usp_workers.settings import ApiSettings
-from usp_workers.storage.models import Subscription, Transport
+from usp_workers import Subscription, Transport, emit, event_matches, operations
 
 __all__ = ["LINK_SECONDS", "link", "router"]
 

@@ -16,12 +16,11 @@ from fastapi.templating import Jinja2Templates
 
 from usp_dispatcher.console import session as login
 from usp_dispatcher.console.session import Login
+from usp_dispatcher.settings import ApiSettings
 from usp_dispatcher.web.deps import SettingsDep
 from usp_dispatcher.web.problems import HTTPProblem
-from usp_workers.engine.transport import FAILURES
+from usp_workers import FAILURES, DeliveryStatus
 from usp_workers.operations import short_id
-from usp_workers.settings import ApiSettings
-from usp_workers.storage.models import DeliveryStatus
 
 __all__ = [
     "HEADERS",

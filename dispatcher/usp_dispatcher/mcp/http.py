@@ -36,6 +36,7 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 from starlette.types import Message, Receive, Scope, Send
 
+from usp_core import db
 from usp_dispatcher.access import AccessError, authenticate_http
 from usp_dispatcher.access.nonces import nonces_for
 from usp_dispatcher.access.signatures import NonceCheck
@@ -46,9 +47,8 @@ from usp_dispatcher.mcp.protocol import INTERNAL_ERROR, error_object, parse_mess
 from usp_dispatcher.mcp.server import build_server
 from usp_dispatcher.mcp.tools import TOOLS_BY_NAME
 from usp_dispatcher.scheduling.service import release
+from usp_dispatcher.settings import ApiSettings
 from usp_dispatcher.text import json_too_deep
-from usp_workers.settings import ApiSettings
-from usp_workers.storage import db
 
 __all__ = ["HTTP_SESSION_PREFIX", "MCP_PATH", "MCPEndpoint", "ServerFactory", "default_security", "mount_mcp"]
 

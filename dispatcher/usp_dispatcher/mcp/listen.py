@@ -24,17 +24,17 @@ from mcp.shared.exceptions import MCPError
 from mcp.shared.subscriptions import SUBSCRIPTION_ID_META_KEY
 from sqlalchemy.engine import Engine
 
+from usp_core import db
+from usp_core.keycache import current_signing_keys
 from usp_dispatcher import access
 from usp_dispatcher.access import AccessError, Caller
 from usp_dispatcher.access.errors import Access, unauthenticated
 from usp_dispatcher.mcp.live import DEFAULT_QUEUE_SIZE, LiveHub, missed_since, webhook_notification
 from usp_dispatcher.mcp.principals import request_identity
 from usp_dispatcher.mcp.protocol import INVALID_PARAMS, protocol_error
+from usp_dispatcher.settings import ApiSettings
 from usp_receiver import sign_notification_params
 from usp_receiver.mcp import CURSOR_META_KEY, LISTEN_FILTER_KEY
-from usp_workers.engine.keycache import current_signing_keys
-from usp_workers.settings import ApiSettings
-from usp_workers.storage import db
 
 __all__ = [
     "LISTEN_FILTER",

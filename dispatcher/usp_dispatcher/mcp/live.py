@@ -27,14 +27,22 @@ from mcp.server.session import ServerSession
 from sqlalchemy.engine import Engine
 from sqlmodel import col, select
 
+from usp_core import db
+from usp_core.clock import utcnow
+from usp_core.keycache import NoSigningKey, current_signing_keys
 from usp_dispatcher.access.apikeys import still_authenticates
+from usp_dispatcher.settings import ApiSettings
 from usp_receiver import SigningKey, sign_notification_params
 from usp_schemas import WEBHOOK_METHOD
-from usp_workers.engine.keycache import NoSigningKey, current_signing_keys
-from usp_workers.engine.outbox import EVENTS_CHANNEL, EVENTS_CHANNEL_SQL, event_matches, reaches
-from usp_workers.settings import ApiSettings
-from usp_workers.storage import db
-from usp_workers.storage.models import EventRecord, Subscription, SubscriptionState, utcnow
+from usp_workers import (
+    EVENTS_CHANNEL,
+    EVENTS_CHANNEL_SQL,
+    EventRecord,
+    Subscription,
+    SubscriptionState,
+    event_matches,
+    reaches,
+)
 
 __all__ = [
     "DEFAULT_LOOKBACK",

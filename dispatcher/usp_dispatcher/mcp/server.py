@@ -18,6 +18,8 @@ from pydantic import ValidationError
 from sqlalchemy.engine import Engine
 from sqlmodel import Session
 
+from usp_core import db
+from usp_core.ssrf import Resolver
 from usp_dispatcher import access
 from usp_dispatcher.access import AccessError, Caller, Identity
 from usp_dispatcher.errors import Refused, Unauthenticated
@@ -36,6 +38,7 @@ from usp_dispatcher.mcp.results import envelope
 from usp_dispatcher.mcp.tools import TOOLS, TOOLS_BY_NAME, ToolSpec
 from usp_dispatcher.mcp.ucap import call_ucap_tool
 from usp_dispatcher.scheduling.service import Call, UspMeta, read_meta, release
+from usp_dispatcher.settings import ApiSettings
 from usp_dispatcher.text import NUL_REFUSED, contains_nul, validation_text
 from usp_dispatcher.ucap.service import UcapService
 from usp_dispatcher.ucap.settings import UcapSettings
@@ -43,9 +46,6 @@ from usp_dispatcher.ucap.tools import UCAP_TOOLS_BY_NAME
 from usp_dispatcher.ucap.tools import list_entries as ucap_tool_entries
 from usp_receiver.mcp import CURSOR_META_KEY, EXTENSION_IDENTIFIER
 from usp_schemas import WEBHOOK_METHOD
-from usp_workers.engine.ssrf import Resolver
-from usp_workers.settings import ApiSettings
-from usp_workers.storage import db
 
 __all__ = ["SERVER_NAME", "STDIO_SESSION", "build_server", "list_tools_result"]
 

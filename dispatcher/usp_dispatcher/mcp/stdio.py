@@ -19,15 +19,14 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 from mcp.shared.message import SessionMessage
 from sqlalchemy.engine import Engine
 
+from usp_core import db, keys
 from usp_dispatcher import database
 from usp_dispatcher.mcp.live import LiveHub
 from usp_dispatcher.mcp.protocol import parse_message, wire_error
 from usp_dispatcher.mcp.server import build_server
 from usp_dispatcher.scheduling import ensure_demo_catalog
-from usp_workers.engine import keys
-from usp_workers.runtime import tasks
-from usp_workers.settings import ApiSettings
-from usp_workers.storage import db
+from usp_dispatcher.settings import ApiSettings
+from usp_workers import tasks
 
 __all__ = ["DRAIN_TIMEOUT", "run_stdio", "serve_stdio", "stdio_transport"]
 

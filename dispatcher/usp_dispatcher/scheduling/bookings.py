@@ -12,6 +12,8 @@ from typing import Any
 import sqlalchemy as sa
 from sqlmodel import Session, col, select
 
+from usp_core.clock import utcnow
+from usp_core.ids import new_id
 from usp_dispatcher.scheduling.events import (
     BookingEventType,
     emit_availability_changed,
@@ -40,7 +42,6 @@ from usp_schemas import (
     Buyer,
     WaitlistConverted,
 )
-from usp_workers.storage.models import new_id, utcnow
 
 __all__ = [
     "booking_platform",

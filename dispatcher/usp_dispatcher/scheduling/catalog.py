@@ -13,12 +13,13 @@ from datetime import date, datetime, time, timedelta
 
 from sqlmodel import Session, col, select
 
+from usp_core.clock import utcnow
+from usp_core.ids import new_id
 from usp_dispatcher.scheduling.events import emit_availability_changed, emit_service_event
 from usp_dispatcher.scheduling.outcomes import InvalidRequest, Outcome, service_not_found
 from usp_dispatcher.scheduling.tables import ServiceRow, SlotRow
 from usp_dispatcher.scheduling.views import service_view, slot_view, zone
 from usp_schemas import Money, Service, ServiceCreated, Slot
-from usp_workers.storage.models import new_id, utcnow
 
 __all__ = [
     "MAX_AVAILABILITY_DAYS",

@@ -31,7 +31,7 @@ from usp_schemas import (
     WaitlistOffered,
     new_event_id,
 )
-from usp_workers.engine.outbox import emit
+from usp_workers import emit
 
 __all__ = [
     "BookingEventType",

@@ -15,11 +15,10 @@ from datetime import datetime, timedelta
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
+from usp_core import db
+from usp_core.clock import utcnow
 from usp_dispatcher.scheduling import expire_offers, forget_idempotency_keys
-from usp_workers.engine.outage import DATABASE_OUTAGE, database_unavailable
-from usp_workers.settings import SchedulerSettings
-from usp_workers.storage import db
-from usp_workers.storage.models import utcnow
+from usp_workers import DATABASE_OUTAGE, SchedulerSettings, database_unavailable
 
 __all__ = ["IDEMPOTENCY_RETENTION", "HousekeepingReport", "housekeeping_once", "housekeeping_thread"]
 

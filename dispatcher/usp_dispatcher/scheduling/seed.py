@@ -11,12 +11,12 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 from sqlmodel import Session, select
 
+from usp_core import db
+from usp_core.clock import utcnow
 from usp_dispatcher.scheduling.catalog import ServiceSpec, create_service
 from usp_dispatcher.scheduling.tables import ServiceRow, SlotRow
 from usp_dispatcher.scheduling.views import zone
 from usp_schemas import Money
-from usp_workers.storage import db
-from usp_workers.storage.models import utcnow
 
 __all__ = ["DEMO_DAYS", "DEMO_SERVICES", "DEMO_TIMEZONE", "ensure_demo_catalog", "seed_demo_catalog"]
 

@@ -19,6 +19,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy.engine import Engine
 from sqlmodel import Session
 
+from usp_core import db
+from usp_core.ssrf import Resolver
 from usp_dispatcher import access
 from usp_dispatcher.access import Access, Caller
 from usp_dispatcher.errors import NotFound, Refused, Unauthenticated
@@ -33,13 +35,10 @@ from usp_dispatcher.scheduling.outcomes import (
     waitlist_entry_not_found,
 )
 from usp_dispatcher.scheduling.ownership import may_touch_booking, may_touch_waitlist_entry
+from usp_dispatcher.settings import ApiSettings
 from usp_dispatcher.webhooks import feed
 from usp_receiver import jwk_thumbprint
-from usp_workers.engine.ssrf import Resolver
-from usp_workers.engine.webhook_secrets import WebhookSecrets
-from usp_workers.settings import ApiSettings
-from usp_workers.storage import db
-from usp_workers.storage.models import OnDead, Ordering, Subscription, Transport
+from usp_workers import OnDead, Ordering, Subscription, Transport, WebhookSecrets
 
 __all__ = ["INVALID_ARGUMENTS", "OPERATIONS", "Call", "Operation", "UspMeta", "read_meta", "release"]
 

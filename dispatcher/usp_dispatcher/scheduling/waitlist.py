@@ -11,6 +11,8 @@ from typing import Any
 import sqlalchemy as sa
 from sqlmodel import Session, col, select
 
+from usp_core import db
+from usp_core.clock import utcnow
 from usp_dispatcher.scheduling.catalog import find_service
 from usp_dispatcher.scheduling.events import emit_availability_changed, emit_waitlist_event
 from usp_dispatcher.scheduling.outcomes import (
@@ -33,8 +35,6 @@ from usp_schemas import (
     WaitlistLeft,
     WaitlistOffered,
 )
-from usp_workers.storage import db
-from usp_workers.storage.models import utcnow
 
 __all__ = [
     "MAX_OPEN_PER_PLATFORM",

@@ -19,11 +19,11 @@ import sqlalchemy as sa
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from sqlmodel import Session, col, select
 
+from usp_core.clock import utcnow
 from usp_dispatcher.ucap.agents import Agent
 from usp_dispatcher.ucap.answers import Answer, invalid, not_found
 from usp_dispatcher.ucap.search import SearchQuery, search
 from usp_dispatcher.ucap.tables import AliasRow, EntitlementRow, PostRow, PostTierRow, PublicationRow, TierRow
-from usp_workers.storage.models import utcnow
 
 __all__ = [
     "LookupIn",

@@ -36,7 +36,7 @@ from usp_schemas import (
     Tier,
     new_event_id,
 )
-from usp_workers.engine.outbox import emit
+from usp_workers import emit
 
 __all__ = [
     "emit_entitlement_event",

@@ -13,12 +13,12 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 from sqlmodel import Session, select
 
+from usp_core.clock import utcnow
 from usp_dispatcher.errors import Conflict, NotFound, Refused
 from usp_dispatcher.ucap.events import emit_post_event, emit_publication_updated
 from usp_dispatcher.ucap.search import add_publication_tier, index_document, touch_publication
 from usp_dispatcher.ucap.tables import AliasRow, CategoryRow, PostRow, PostTierRow, PublicationRow, TierRow
 from usp_schemas import PostPublished, PostUpdated
-from usp_workers.storage.models import utcnow
 
 __all__ = ["PostIn", "PublicationIn", "TierIn", "add_post", "add_publication", "add_tier", "update_post"]
 

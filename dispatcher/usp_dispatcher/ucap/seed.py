@@ -14,10 +14,10 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 from sqlmodel import Session, select
 
+from usp_core import db
+from usp_core.clock import utcnow
 from usp_dispatcher.ucap.publishing import PostIn, PublicationIn, TierIn, add_post, add_publication
 from usp_dispatcher.ucap.tables import PublicationRow
-from usp_workers.storage import db
-from usp_workers.storage.models import utcnow
 
 __all__ = ["DEMO_PAID_POST", "DEMO_PUBLICATION", "ensure_demo_content", "seed_demo_content"]
 

@@ -18,7 +18,11 @@ import anyio.to_thread
 from sqlalchemy.engine import Engine
 from sqlmodel import Session
 
+from usp_core import db
+from usp_core.clock import utcnow
+from usp_core.ssrf import Resolver
 from usp_dispatcher.access.nonces import nonces_for
+from usp_dispatcher.settings import ApiSettings
 from usp_dispatcher.ucap.agents import Agent, RateLimiter, authenticate_agent
 from usp_dispatcher.ucap.answers import Answer, UcapError
 from usp_dispatcher.ucap.catalog import (
@@ -62,10 +66,6 @@ from usp_dispatcher.ucap.x402 import (
     payment_from_headers,
     payment_required,
 )
-from usp_workers.engine.ssrf import Resolver
-from usp_workers.settings import ApiSettings
-from usp_workers.storage import db
-from usp_workers.storage.models import utcnow
 
 __all__ = ["UcapService"]
 

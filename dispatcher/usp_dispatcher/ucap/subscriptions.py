@@ -20,6 +20,7 @@ import sqlalchemy as sa
 from pydantic import BaseModel, ConfigDict, Field
 from sqlmodel import Session, col, select
 
+from usp_core.clock import utcnow
 from usp_dispatcher.ucap.agents import Agent
 from usp_dispatcher.ucap.answers import Answer, UcapError, invalid, not_found
 from usp_dispatcher.ucap.catalog import tier_view
@@ -42,7 +43,6 @@ from usp_schemas import (
     SubscriptionCancelled,
     SubscriptionCreated,
 )
-from usp_workers.storage.models import utcnow
 
 __all__ = [
     "Fulfilment",

@@ -13,8 +13,9 @@ from datetime import datetime
 import sqlalchemy as sa
 from sqlmodel import Field
 
+from usp_core.clock import UtcDateTime, utcnow
+from usp_core.ids import new_id
 from usp_dispatcher.tables import DispatcherTable
-from usp_workers.storage.models import UtcDateTime, new_id, utcnow
 
 __all__ = [
     "AliasRow",

@@ -13,9 +13,9 @@ from fastapi import Depends, Request
 from sqlalchemy.engine import Engine
 from sqlmodel import Session
 
-from usp_workers.engine.ssrf import Resolver
-from usp_workers.settings import ApiSettings
-from usp_workers.storage import db
+from usp_core import db
+from usp_core.ssrf import Resolver
+from usp_dispatcher.settings import ApiSettings
 
 __all__ = [
     "ResolverDep",

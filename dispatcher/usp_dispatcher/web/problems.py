@@ -19,7 +19,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from usp_dispatcher.access.nonces import NonceStoreUnavailable
 from usp_dispatcher.errors import Conflict, DispatcherError, NotFound, Refused, TooSoon
 from usp_receiver import problem_outcome
-from usp_workers.engine.outage import Outage, database_unavailable, describe
+from usp_workers import Outage, database_unavailable, describe_outage
 
 __all__ = [
     "PROBLEM_MEDIA_TYPE",
@@ -193,7 +193,7 @@ async def _answer_failure(exc: Exception, scope: Scope, receive: Receive, send: 
         )
     elif isinstance(exc, NonceStoreUnavailable):
         # Fail closed: a nonce that cannot be checked might be a replay.
-        logger.warning("answering 503: %s", describe(exc))
+        logger.warning("answering 503: %s", describe_outage(exc))
         response = problem_response(
             503,
             "replay_store_unavailable",

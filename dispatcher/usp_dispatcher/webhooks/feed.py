@@ -19,29 +19,43 @@ import sqlalchemy as sa
 from pydantic import SecretStr
 from sqlmodel import Session, col, select
 
+from usp_core import db
+from usp_core.clock import utcnow
+from usp_core.ssrf import ResolvedTarget, Resolver, TargetRefused, check_target
 from usp_dispatcher.errors import Conflict, NotFound, Refused
+from usp_dispatcher.settings import ApiSettings
 from usp_schemas import EVENT_TYPES, OPERATIONAL_EVENT_TYPES
-from usp_workers.engine.brokers import check_broker, is_broker_url
-from usp_workers.engine.custom_headers import CustomHeaders, HeaderError, check_headers, masked
-from usp_workers.engine.custom_headers import store as store_headers
-from usp_workers.engine.endpoint_auth import AuthError, EndpointAuth, OAuth2ClientCredentials, check_auth
-from usp_workers.engine.endpoint_auth import masked as masked_auth
-from usp_workers.engine.endpoint_auth import store as store_auth
-from usp_workers.engine.filters import FilterError, compile_filter
-from usp_workers.engine.schedule import ScheduleError, check_schedule
-from usp_workers.engine.ssrf import ResolvedTarget, Resolver, TargetRefused, check_target
-from usp_workers.engine.webhook_secrets import (
+from usp_workers import (
     RFC9421,
     SCHEMES,
+    AuthError,
+    CustomHeaders,
+    EndpointAuth,
+    FilterError,
+    HeaderError,
+    OAuth2ClientCredentials,
+    OnDead,
+    Ordering,
+    ScheduleError,
     SecretsUnavailable,
+    Subscription,
+    SubscriptionState,
+    Transport,
     WebhookSecrets,
+    check_auth,
+    check_broker,
+    check_headers,
+    check_schedule,
+    compile_filter,
+    is_broker_url,
+    masked_auth,
+    masked_headers,
     seal,
+    store_auth,
+    store_headers,
     unseal,
 )
 from usp_workers.operations import DELETED, masked_url
-from usp_workers.settings import ApiSettings
-from usp_workers.storage import db
-from usp_workers.storage.models import OnDead, Ordering, Subscription, SubscriptionState, Transport, utcnow
 
 __all__ = [
     "ANY_PROFILE",
@@ -468,7 +482,7 @@ def list_subscriptions(
 
 def count_active_subscriptions(session: Session, platform_profile: str) -> int:
     """How many active subscriptions ``platform_profile`` holds, counted under
-    :func:`usp_workers.storage.db.lock_for_count` (until the session's transaction ends), so two creates
+    :func:`usp_core.db.lock_for_count` (until the session's transaction ends), so two creates
     at once cannot both take the last place."""
     db.lock_for_count(session, _LIMIT_LOCK + platform_profile, Subscription)
     statement = (
@@ -577,7 +591,7 @@ def _check_lease(seconds: int) -> None:
 def subscription_view(subscription: Subscription, secrets: WebhookSecrets | None = None) -> dict[str, Any]:
     """The JSON shape of a subscription in every answer; with the ``secrets`` just made (at
     creation, at a rotation), their ``webhook_secret`` and ``webhook_public_key``, that once."""
-    own_headers = masked(subscription.custom_headers)
+    own_headers = masked_headers(subscription.custom_headers)
     view: dict[str, Any] = {
         "id": subscription.id,
         "url": masked_url(subscription.url),

@@ -17,11 +17,10 @@ from fastapi.concurrency import run_in_threadpool
 from sqlalchemy.engine import Engine
 from sqlmodel import Session, col, func, select
 
+from usp_core import db
 from usp_dispatcher.errors import Conflict
 from usp_schemas import EventValidationError, WebhookEvent, parse_event
-from usp_workers.engine.outbox import emit, unflushed_deliveries
-from usp_workers.storage import db
-from usp_workers.storage.models import Delivery, EventRecord
+from usp_workers import Delivery, EventRecord, emit, unflushed_deliveries
 
 __all__ = ["Intake", "Outcome", "Status", "accept_events"]
 

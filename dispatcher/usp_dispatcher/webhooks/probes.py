@@ -11,19 +11,25 @@ from typing import Any, Final
 from fastapi.concurrency import run_in_threadpool
 from sqlmodel import Session
 
+from usp_core.clock import utcnow
+from usp_core.keycache import current_signing_keys
+from usp_core.ssrf import Resolver
 from usp_dispatcher.errors import Conflict, TooSoon
+from usp_dispatcher.settings import ApiSettings
 from usp_dispatcher.webhooks.feed import check_url
 from usp_schemas import new_event_id
-from usp_workers import operations
-from usp_workers.engine import custom_headers
-from usp_workers.engine.keycache import current_signing_keys
-from usp_workers.engine.outbox import emit
-from usp_workers.engine.ssrf import Resolver
-from usp_workers.engine.transport import make_client
-from usp_workers.engine.webhook_secrets import SecretsUnavailable, unseal
-from usp_workers.operations import probe
-from usp_workers.settings import ApiSettings
-from usp_workers.storage.models import ProbeRun, Subscription, Transport, utcnow
+from usp_workers import (
+    ProbeRun,
+    SecretsUnavailable,
+    Subscription,
+    Transport,
+    custom_headers,
+    emit,
+    make_client,
+    operations,
+    unseal,
+)
+from usp_workers import endpoint_probe as probe
 
 __all__ = ["INTERVAL_SECONDS", "cases_of", "run"]
 

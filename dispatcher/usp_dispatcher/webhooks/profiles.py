@@ -11,12 +11,12 @@ from typing import Any, Final
 
 from sqlmodel import Session
 
+from usp_core.ssrf import ResolvedTarget, Resolver
 from usp_dispatcher.documents import DocumentUnavailable, fetch_document
 from usp_dispatcher.errors import Refused
+from usp_dispatcher.settings import ApiSettings
 from usp_dispatcher.webhooks.feed import SubscriptionSpec, check_url, upsert_profile_subscription
-from usp_workers.engine.ssrf import ResolvedTarget, Resolver
-from usp_workers.settings import ApiSettings
-from usp_workers.storage.models import Subscription, Transport
+from usp_workers import Subscription, Transport
 
 __all__ = [
     "FETCH_TIMEOUT_SECONDS",

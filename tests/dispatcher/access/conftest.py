@@ -16,12 +16,11 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from tests.dispatcher.conftest import MakeSettings, Serve
+from usp_core import db, keys
 from usp_dispatcher import database
 from usp_dispatcher.access import DirectoryCache
+from usp_dispatcher.cli.config import Settings
 from usp_receiver import SigningKey
-from usp_workers.engine import keys
-from usp_workers.settings import Settings
-from usp_workers.storage import db
 
 PROFILE = "https://agent.example/profiles/scheduling-agent.json"
 OTHER_PROFILE = "https://other.example/profile.json"

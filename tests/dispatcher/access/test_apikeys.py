@@ -23,7 +23,7 @@ from usp_dispatcher.access import (
 )
 from usp_dispatcher.access.apikeys import create_api_key, hash_api_key, lookup_api_key
 from usp_dispatcher.access.tables import ApiKeyRow
-from usp_workers.settings import Settings
+from usp_dispatcher.cli.config import Settings
 
 KEY_SHAPE = re.compile(r"uspk_[A-Za-z0-9_-]{43}")
 

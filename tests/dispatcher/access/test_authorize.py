@@ -14,6 +14,8 @@ from sqlmodel import Session
 from tests.dispatcher.access.conftest import OTHER_PROFILE, PROFILE
 from tests.dispatcher.conftest import ADMIN_TOKEN, MakeSettings
 from tests.dispatcher.scheduling.support import ALICE, NOW, build_catalog, ok
+from usp_core import db
+from usp_core.clock import utcnow
 from usp_dispatcher.access import (
     Access,
     AccessError,
@@ -24,13 +26,11 @@ from usp_dispatcher.access import (
     issue_booking_credential,
     make_pop_proof,
 )
+from usp_dispatcher.cli.config import Settings
 from usp_dispatcher.scheduling import create_booking, join_waitlist
 from usp_dispatcher.scheduling.ownership import may_touch_booking, may_touch_waitlist_entry
 from usp_receiver import SigningKey, jwk_thumbprint
 from usp_schemas import TimeWindow
-from usp_workers.settings import Settings
-from usp_workers.storage import db
-from usp_workers.storage.models import utcnow
 
 KEY = Identity("key:acme", "bearer")
 BUSINESS = Identity("business", "bearer")

@@ -10,9 +10,9 @@ from sqlalchemy.engine import Engine
 from sqlmodel import Session, select
 
 from tests.dispatcher.access.conftest import OTHER_PROFILE, PROFILE
+from usp_core import db
 from usp_dispatcher.access import AccessError, bind_profile, bound_profile, issue_api_key
 from usp_dispatcher.access.tables import PrincipalProfileRow
-from usp_workers.storage import db
 
 
 def test_first_pairing_is_recorded_and_committed(session: Session, migrated: Engine) -> None:

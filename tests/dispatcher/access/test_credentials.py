@@ -12,6 +12,8 @@ from sqlmodel import Session
 
 from tests.dispatcher.access.conftest import PROFILE
 from tests.dispatcher.conftest import MakeSettings
+from usp_core import keys
+from usp_core.clock import utcnow
 from usp_dispatcher.access import (
     AccessError,
     credentials,
@@ -21,11 +23,9 @@ from usp_dispatcher.access import (
     verify_booking_credential,
 )
 from usp_dispatcher.access.credentials import looks_like_booking_credential, proof_holds
+from usp_dispatcher.cli.config import Settings
 from usp_receiver import SigningKey, jwk_thumbprint
 from usp_receiver.jose import parse_jws, sign_jws
-from usp_workers.engine import keys
-from usp_workers.settings import Settings
-from usp_workers.storage.models import utcnow
 
 BOOKING = "bkg_123"
 

@@ -13,10 +13,10 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 from tests.dispatcher.conftest import MakeSettings
+from usp_core import db
 from usp_dispatcher.access import nonces
 from usp_dispatcher.access.signatures import NonceCheck
 from usp_dispatcher.access.tables import NonceRow
-from usp_workers.storage import db
 
 _table = NonceRow.__table__  # type: ignore[attr-defined]
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from tests.dispatcher.conftest import MakeSettings
 from usp_dispatcher.access import AuthorizationPolicy, policy_document
-from usp_workers.settings import Settings
+from usp_dispatcher.cli.config import Settings
 
 
 def test_defaults_offer_everything_and_require_authentication(settings: Settings) -> None:

@@ -14,9 +14,9 @@ from sqlalchemy.engine import Engine
 from tests.dispatcher.conftest import ADMIN
 from tests.dispatcher.support import assert_problem
 from tests.dispatcher.ucap.conftest import Agent, alice, make_agent, registry  # noqa: F401 - fixtures
+from usp_core import db
 from usp_dispatcher import access
 from usp_dispatcher.access.credentials import make_pop_proof
-from usp_workers.storage import db
 
 HAIRCUT = "svc_haircut_001"
 ACME = "https://acme.example/profiles/scheduling.json"

@@ -17,6 +17,7 @@ from sqlalchemy.engine import Engine
 
 from tests.dispatcher.access.conftest import Agent
 from tests.dispatcher.conftest import ADMIN_TOKEN, MakeSettings
+from usp_core import db
 from usp_dispatcher.access import (
     AccessError,
     DirectoryCache,
@@ -27,9 +28,8 @@ from usp_dispatcher.access import (
     verify_agent_signature,
 )
 from usp_dispatcher.access.signatures import parse_signature_agent, web_bot_auth_headers
+from usp_dispatcher.cli.config import Settings
 from usp_receiver import SigningKey, content_digest, jwk_thumbprint, sign_message
-from usp_workers.settings import Settings
-from usp_workers.storage import db
 
 pytestmark = pytest.mark.anyio
 

@@ -17,8 +17,8 @@ from sqlmodel import select
 
 from tests.dispatcher.conftest import ADMIN, MakeClient
 from tests.dispatcher.support import assert_problem
-from usp_workers.storage import db
-from usp_workers.storage.models import SigningKeyRecord
+from usp_core import db
+from usp_core.keys import SigningKeyRecord
 
 STATES = {"published, not signing yet", "signing", "retired, still published", "retired"}
 FACTS = {"kid", "alg", "created_at", "signs_from", "retires_at", "published", "state"}

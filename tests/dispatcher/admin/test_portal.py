@@ -26,9 +26,9 @@ from tests.dispatcher.admin.live import Live
 from tests.dispatcher.conftest import ADMIN
 from tests.nodejs import RECEIVER_JS, build_receiver_js
 from tests.servers import free_port
+from usp_core import db
 from usp_dispatcher import access
 from usp_receiver import SigningKey, sign_request
-from usp_workers.storage import db
 
 pytestmark = pytest.mark.parametrize("database_url", ["postgresql"], indirect=True)
 

@@ -24,13 +24,13 @@ from tests.dispatcher.admin.live import SECRETS_KEY, Live, event_id_in, wait_unt
 from tests.dispatcher.conftest import ADMIN, ADMIN_TOKEN
 from tests.nodejs import node_test
 from tests.workers.endpoints import Answer, Seen
+from usp_dispatcher.cli.config import Settings
 from usp_receiver import Verifier, WebhookReceiver, standard_webhooks
 from usp_receiver.fastapi import webhook_router
 from usp_receiver.standard_webhooks import StandardWebhooksVerifier
 from usp_schemas import PROBE_HEADER
 from usp_workers.engine.webhook_secrets import WebhookSecrets, seal, unseal
 from usp_workers.operations import short_id
-from usp_workers.settings import Settings
 from usp_workers.storage.models import Subscription
 
 PATH = "/services/feed/subscriptions"

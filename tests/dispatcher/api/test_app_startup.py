@@ -18,7 +18,7 @@ def test_the_api_freezes_its_start_up_heap_once_started(tmp_path: Path) -> None:
         "import gc\n"
         "from fastapi.testclient import TestClient\n"
         "from usp_dispatcher.api.app import create_app\n"
-        "from usp_workers.settings import Settings\n"
+        "from usp_dispatcher.cli.config import Settings\n"
         f"settings = Settings(_env_file=None, database_url='sqlite:///{tmp_path}/db.sqlite3',"
         f" broker_url='sqla+sqlite:///{tmp_path}/broker.sqlite3')\n"
         "app = create_app(settings)\n"

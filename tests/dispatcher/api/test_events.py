@@ -14,10 +14,10 @@ from sqlmodel import col, func, select
 from tests.dispatcher.conftest import ADMIN
 from tests.dispatcher.support import assert_problem, event, subscribe
 from tests.schemas.samples import booking
+from usp_core import db
 from usp_dispatcher.api.events import MAX_BATCH_EVENTS, MAX_EVENT_BYTES
 from usp_dispatcher.webhooks import intake
 from usp_dispatcher.webhooks.intake import Outcome, Status, accept_events
-from usp_workers.storage import db
 from usp_workers.storage.models import Delivery, EventRecord
 
 HOOK = "http://127.0.0.1:9/hooks/"

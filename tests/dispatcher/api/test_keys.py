@@ -14,12 +14,13 @@ from sqlmodel import select
 from typer.testing import CliRunner, Result
 
 from tests.dispatcher.conftest import ADMIN_TOKEN, MakeClient, MakeSettings, Serve
+from usp_core import db, keys
+from usp_core.clock import utcnow
+from usp_core.keys import SigningKeyRecord
 from usp_dispatcher.api.app import create_app
 from usp_dispatcher.cli import app as cli
 from usp_receiver import JWKS
-from usp_workers.engine import keys
-from usp_workers.storage import db
-from usp_workers.storage.models import SigningKeyRecord, utcnow
+from usp_workers.storage import migrate
 
 JWKS_PATH = "/.well-known/usp/jwks.json"
 DIRECTORY_PATH = "/.well-known/http-message-signatures-directory"
@@ -163,7 +164,7 @@ def test_rotate_on_an_empty_database_signs_at_once(
 def test_a_keys_state_follows_its_schedule_and_the_jwks(engine: Engine, make_settings: MakeSettings) -> None:
     settings = make_settings(key_publish_lead_seconds=60.0, key_overlap_seconds=120.0)
     lead, overlap = timedelta(seconds=60), timedelta(seconds=120)
-    db.upgrade(engine)
+    migrate.upgrade(engine)
     with db.session(engine) as session:
         old, _ = keys.rotate_or_first(session, settings)
         session.commit()

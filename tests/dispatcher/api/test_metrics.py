@@ -14,10 +14,11 @@ from sqlmodel import SQLModel
 from tests.dispatcher.conftest import ADMIN, MakeClient
 from tests.dispatcher.support import assert_problem
 from tests.schemas.samples import sample
+from usp_core import db
+from usp_core.clock import utcnow
 from usp_schemas import new_event_id
 from usp_workers.engine.outbox import emit
 from usp_workers.operations import DELETED, replay_event
-from usp_workers.storage import db
 from usp_workers.storage.models import (
     Attempt,
     BreakerState,
@@ -25,7 +26,6 @@ from usp_workers.storage.models import (
     Ordering,
     Subscription,
     SubscriptionState,
-    utcnow,
 )
 
 _deliveries = SQLModel.metadata.tables[Delivery.__tablename__]

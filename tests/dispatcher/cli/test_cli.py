@@ -10,6 +10,7 @@ from sqlalchemy.engine import Engine
 from typer.testing import CliRunner
 
 from usp_dispatcher import cli
+from usp_workers.storage import migrate
 
 
 @pytest.mark.empty_database
@@ -38,12 +39,10 @@ def test_migrate_names_the_revisions_it_applied(database_url: str, engine: Engin
     from alembic.config import Config
     from alembic.script import ScriptDirectory
 
-    from usp_workers.storage import db
-
     config = Config()
-    config.set_main_option("script_location", str(db.MIGRATIONS))
+    config.set_main_option("script_location", str(migrate.MIGRATIONS))
     head = ScriptDirectory.from_config(config).get_current_head()
-    db.upgrade(engine, "0004")
+    migrate.upgrade(engine, "0004")
     result = CliRunner().invoke(cli.app, ["migrate"], env={"USP_DATABASE_URL": database_url})
     assert result.exit_code == 0, result.output
     said = " ".join(result.output.split())

@@ -28,10 +28,10 @@ from tests.dispatcher.conftest import Serve
 from tests.dispatcher.support import event
 from tests.readme_blocks import block_after
 from tests.servers import free_port
+from usp_dispatcher.cli.config import Settings
 from usp_dispatcher.cli.supervisor import child_environment, display_host
 from usp_receiver import JWKS, ReceivedWebhook, Verifier, WebhookReceiver
 from usp_receiver.asgi import WebhookApp
-from usp_workers.settings import Settings
 
 UP_TIMEOUT = 90.0
 TOKEN_LINE = re.compile(r"admin token \(this session only\): (\S+)")

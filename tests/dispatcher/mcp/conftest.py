@@ -25,11 +25,11 @@ from mcp.client.stdio import StdioServerParameters
 from sqlalchemy.engine import Engine
 
 from tests.dispatcher.conftest import ADMIN_TOKEN, MakeSettings
+from usp_core import db
 from usp_dispatcher import access
+from usp_dispatcher.cli.config import Settings
 from usp_dispatcher.mcp import build_server
 from usp_dispatcher.mcp.stdio import _prepare_database
-from usp_workers.settings import Settings
-from usp_workers.storage import db
 
 SpawnStdio = Callable[..., Any]
 

@@ -36,13 +36,13 @@ from tests.dispatcher.mcp.support import (
     window,
 )
 from tests.dispatcher.mcp.test_stdio import INITIALIZE, RawSession, _spawn
+from usp_core import db, keys
 from usp_dispatcher import access
+from usp_dispatcher.cli.config import Settings
 from usp_receiver import JWKS, SigningKey
 from usp_receiver.dedupe import MemoryDedupe
 from usp_receiver.mcp import NotificationBinding, ReceivedNotification
-from usp_workers.engine import keys, tracing
-from usp_workers.settings import Settings
-from usp_workers.storage import db
+from usp_workers.engine import tracing
 from usp_workers.storage.models import EventRecord
 
 pytestmark = pytest.mark.anyio

@@ -17,11 +17,11 @@ from sqlmodel import select
 from tests.dispatcher.conftest import ADMIN_TOKEN, MakeSettings
 from tests.dispatcher.mcp.conftest import connect
 from tests.dispatcher.mcp.support import OTHER_PROFILE, PROFILE, ok, outcome, refused, usp
+from usp_core import db
+from usp_dispatcher.cli.config import Settings
 from usp_dispatcher.scheduling.tables import IdempotencyRecord
 from usp_dispatcher.webhooks import feed
 from usp_workers.engine.webhook_secrets import unseal
-from usp_workers.settings import Settings
-from usp_workers.storage import db
 from usp_workers.storage.models import Subscription, Transport
 
 pytestmark = pytest.mark.anyio

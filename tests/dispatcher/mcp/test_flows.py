@@ -18,13 +18,12 @@ from tests.dispatcher.mcp.support import ALICE, BOB, HAIRCUT, PROFILE, book, fre
 from tests.workers.conftest import hub_server
 from tests.workers.endpoints import UspReceiver
 from tests.workers.support import Endpoints
+from usp_core import db, keys
+from usp_dispatcher.cli.config import Settings
 from usp_dispatcher.scheduling.tables import BookingRow
 from usp_receiver import JWKS
-from usp_workers.engine import keys
 from usp_workers.engine.background import close_background_runtime
 from usp_workers.engine.delivery import deliver_batch_sync
-from usp_workers.settings import Settings
-from usp_workers.storage import db
 from usp_workers.storage.models import Delivery, EventRecord
 
 pytestmark = pytest.mark.anyio

@@ -22,10 +22,10 @@ from sqlmodel import col, select
 from tests.dispatcher.conftest import Serve
 from tests.dispatcher.mcp.support import ALICE, HAIRCUT, PROFILE, free_slots, ok, refused, usp
 from tests.dispatcher.mcp.test_tools import TOOL_NAMES
+from usp_core import db
 from usp_dispatcher.api.app import create_app
+from usp_dispatcher.cli.config import Settings
 from usp_schemas import EVENT_TYPES, OUTCOME_CODES, USP_VERSION
-from usp_workers.settings import Settings
-from usp_workers.storage import db
 from usp_workers.storage.models import EventRecord
 
 pytestmark = pytest.mark.anyio

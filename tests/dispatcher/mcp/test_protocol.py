@@ -10,9 +10,9 @@ from sqlalchemy.engine import Engine
 
 from tests.dispatcher.mcp.conftest import connect
 from tests.dispatcher.mcp.support import ALICE, HAIRCUT, OTHER_PROFILE, refused, usp, window
+from usp_core import db
+from usp_dispatcher.cli.config import Settings
 from usp_receiver import SigningKey
-from usp_workers.settings import Settings
-from usp_workers.storage import db
 
 pytestmark = pytest.mark.anyio
 

@@ -18,8 +18,8 @@ from sqlmodel import select
 
 from tests.dispatcher.mcp.conftest import stdio_parameters
 from tests.dispatcher.mcp.support import ALICE, HAIRCUT, PROFILE, book, free_slots, ok, usp, window
+from usp_core import db
 from usp_dispatcher.scheduling.tables import BookingRow
-from usp_workers.storage import db
 
 pytestmark = pytest.mark.anyio
 

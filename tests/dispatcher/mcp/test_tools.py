@@ -27,12 +27,12 @@ from tests.dispatcher.mcp.support import (
     usp,
     window,
 )
+from usp_core import db
+from usp_dispatcher.cli.config import Settings
 from usp_dispatcher.mcp import build_server
 from usp_dispatcher.mcp.live import LiveHub
 from usp_dispatcher.mcp.server import STDIO_SESSION
 from usp_dispatcher.scheduling.tables import BookingRow, WaitlistRow
-from usp_workers.settings import Settings
-from usp_workers.storage import db
 from usp_workers.storage.models import EventRecord, Subscription
 
 pytestmark = pytest.mark.anyio

@@ -18,10 +18,10 @@ from sqlalchemy.engine import Engine
 from tests.dispatcher.conftest import Serve
 from tests.dispatcher.mcp.support import ALICE, HAIRCUT, PROFILE, free_slots, ok, outcome, usp, window
 from tests.dispatcher.mcp.test_http import RawSession
+from usp_core import db
 from usp_dispatcher import access
 from usp_dispatcher.api.app import create_app
-from usp_workers.settings import Settings
-from usp_workers.storage import db
+from usp_dispatcher.cli.config import Settings
 
 pytestmark = pytest.mark.anyio
 

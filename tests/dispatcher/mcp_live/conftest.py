@@ -12,13 +12,12 @@ from fastapi import FastAPI
 from sqlalchemy.engine import Engine
 
 from tests.dispatcher.conftest import MakeSettings, Serve
+from usp_core import db, keys
 from usp_dispatcher import access, database
 from usp_dispatcher.api.app import create_app
+from usp_dispatcher.cli.config import Settings
 from usp_dispatcher.mcp.http import MCPEndpoint
 from usp_receiver import JWKS
-from usp_workers.engine import keys
-from usp_workers.settings import Settings
-from usp_workers.storage import db
 
 
 @pytest.fixture

@@ -16,11 +16,11 @@ from mcp.client.streamable_http import streamable_http_client
 from sqlalchemy.engine import Engine
 
 from tests.dispatcher.support import event
+from usp_core import db
 from usp_receiver import JWKS
 from usp_receiver.dedupe import MemoryDedupe
 from usp_receiver.mcp import NotificationBinding, ReceivedNotification
 from usp_workers.engine import outbox
-from usp_workers.storage import db
 
 #: Waits for something that must happen are bounded by this (a hang fails, speed is not tested).
 PATIENCE = 30.0

@@ -19,11 +19,11 @@ from sqlalchemy.engine import Engine
 from tests.dispatcher.conftest import MakeSettings, Serve
 from tests.dispatcher.mcp.support import OTHER_PROFILE, PROFILE, book, free_slots, ok, usp
 from tests.dispatcher.mcp_live.support import Platform, connect, emit, proxied, wait_until
+from usp_core import db
 from usp_dispatcher import access
 from usp_dispatcher.api.app import create_app
 from usp_dispatcher.mcp.http import MCPEndpoint
 from usp_receiver import JWKS
-from usp_workers.storage import db
 
 pytestmark = pytest.mark.anyio
 

@@ -19,12 +19,12 @@ from sqlalchemy.engine import Engine
 from tests.dispatcher.mcp.support import OTHER_PROFILE, PROFILE
 from tests.dispatcher.mcp_live.support import emit, wait_until
 from tests.dispatcher.support import event
+from usp_core import db, keys
 from usp_dispatcher import access
+from usp_dispatcher.cli.config import Settings
 from usp_dispatcher.mcp.live import RECENT, LiveHub, _Tail
 from usp_receiver import JWKS, verify_notification_params
-from usp_workers.engine import keys, outbox
-from usp_workers.settings import Settings
-from usp_workers.storage import db
+from usp_workers.engine import outbox
 from usp_workers.storage.models import Subscription, SubscriptionState
 
 pytestmark = pytest.mark.anyio

@@ -25,12 +25,12 @@ from sqlalchemy.engine import Engine
 from tests.dispatcher.mcp.support import OTHER_PROFILE, PROFILE, ok, usp
 from tests.dispatcher.mcp_live.support import PATIENCE, Platform, emit, wait_until
 from tests.dispatcher.support import event
+from usp_core import db
 from usp_dispatcher import access
 from usp_dispatcher.mcp.http import MCPEndpoint
 from usp_receiver import JWKS
 from usp_receiver.mcp import CURSOR_META_KEY, LISTEN_FILTER_KEY, listen
 from usp_workers.engine import outbox
-from usp_workers.storage import db
 
 pytestmark = pytest.mark.anyio
 

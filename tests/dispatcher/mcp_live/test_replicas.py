@@ -26,9 +26,9 @@ from tests.dispatcher.mcp_live.support import Platform, emit, wait_until
 from tests.dispatcher.mcp_live.test_listen import listening, modern, subscribe
 from tests.servers import free_port
 from tests.workers.support import exclusive, redis_db_url
+from usp_core import db
 from usp_dispatcher import access
 from usp_receiver import JWKS
-from usp_workers.storage import db
 
 pytestmark = [pytest.mark.anyio, pytest.mark.parametrize("database_url", ["postgresql"], indirect=True)]
 

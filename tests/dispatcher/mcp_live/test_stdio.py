@@ -15,11 +15,10 @@ from sqlalchemy.engine import Engine
 from tests.dispatcher.conftest import ADMIN_TOKEN
 from tests.dispatcher.mcp.support import OTHER_PROFILE, PROFILE, ok, usp
 from tests.dispatcher.mcp_live.support import Platform, emit
+from usp_core import db, keys
 from usp_dispatcher import access
+from usp_dispatcher.cli.config import Settings
 from usp_receiver import JWKS
-from usp_workers.engine import keys
-from usp_workers.settings import Settings
-from usp_workers.storage import db
 
 pytestmark = pytest.mark.anyio
 

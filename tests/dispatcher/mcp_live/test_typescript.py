@@ -15,10 +15,10 @@ from sqlalchemy.engine import Engine
 from tests.dispatcher.mcp.support import PROFILE
 from tests.dispatcher.mcp_live.support import Platform
 from tests.nodejs import node_test
+from usp_core import db
 from usp_dispatcher import access
 from usp_receiver import JWKS
 from usp_receiver.mcp import NotificationOutcome
-from usp_workers.storage import db
 
 pytestmark = [pytest.mark.anyio, pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)]
 

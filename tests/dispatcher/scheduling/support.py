@@ -11,10 +11,10 @@ from typing import Any, TypeVar
 from sqlalchemy.engine import Engine
 from sqlmodel import Session, col, func, select
 
+from usp_core import db
 from usp_dispatcher.scheduling import Outcome, ServiceSpec, add_slot, create_service
 from usp_dispatcher.scheduling.tables import SlotRow
 from usp_schemas import Buyer, Message, Money, WebhookEvent, parse_event
-from usp_workers.storage import db
 from usp_workers.storage.models import Delivery, EventRecord
 
 #: The tests' "now": every slot below lies after it.

@@ -23,6 +23,7 @@ from tests.dispatcher.scheduling.support import (
     run,
     slot_counts,
 )
+from usp_core import db
 from usp_dispatcher.scheduling import (
     cancel_booking,
     complete_booking,
@@ -44,7 +45,6 @@ from usp_schemas import (
     BookingCreated,
     BookingRescheduled,
 )
-from usp_workers.storage import db
 from usp_workers.storage.models import EventRecord
 
 Action = Callable[[Session, str], Any]

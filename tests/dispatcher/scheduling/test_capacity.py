@@ -23,6 +23,7 @@ from tests.dispatcher.scheduling.support import (
     run,
     slot_counts,
 )
+from usp_core import db
 from usp_dispatcher.scheduling import (
     OFFER_TTL,
     Outcome,
@@ -39,7 +40,6 @@ from usp_dispatcher.scheduling import (
 )
 from usp_dispatcher.scheduling.tables import BookingRow
 from usp_schemas import INVALID_STATE_TRANSITION, SLOT_UNAVAILABLE, Booking, Buyer, TimeWindow
-from usp_workers.storage import db
 
 T = TypeVar("T")
 ROUNDS = 5

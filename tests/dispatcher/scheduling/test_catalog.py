@@ -20,6 +20,7 @@ from tests.dispatcher.scheduling.support import (
     ok,
     refused,
 )
+from usp_core import db
 from usp_dispatcher.scheduling import (
     MAX_AVAILABILITY_DAYS,
     Availability,
@@ -34,7 +35,6 @@ from usp_dispatcher.scheduling import (
 from usp_dispatcher.scheduling.seed import DEMO_DAYS, DEMO_SERVICES, ensure_demo_catalog
 from usp_dispatcher.scheduling.tables import ServiceRow, SlotRow
 from usp_schemas import SERVICE_NOT_FOUND, AvailabilityChanged, Money, ServiceCreated
-from usp_workers.storage import db
 from usp_workers.storage.models import EventRecord
 
 

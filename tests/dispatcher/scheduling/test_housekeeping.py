@@ -29,6 +29,8 @@ from tests.dispatcher.scheduling.support import (
 )
 from tests.faults import tcp_proxy
 from tests.postgres import fresh_schema
+from usp_core import db
+from usp_core.clock import utcnow
 from usp_dispatcher import cli, database
 from usp_dispatcher.scheduling import cancel_booking, create_booking, get_waitlist_entry, join_waitlist
 from usp_dispatcher.scheduling.housekeeping import (
@@ -38,8 +40,6 @@ from usp_dispatcher.scheduling.housekeeping import (
 )
 from usp_dispatcher.scheduling.tables import IdempotencyRecord
 from usp_schemas import TimeWindow, WaitlistEntry
-from usp_workers.storage import db
-from usp_workers.storage.models import utcnow
 
 
 @pytest.fixture
@@ -104,7 +104,7 @@ def test_thread_runs_until_the_block_ends(catalog: Catalog, make_settings: MakeS
 def test_scheduler_command_runs_housekeeping_beside_the_relay(
     catalog: Catalog, make_settings: MakeSettings, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import usp_workers.runtime.relay
+    import usp_workers
 
     seen: list[Any] = []
 
@@ -112,7 +112,7 @@ def test_scheduler_command_runs_housekeeping_beside_the_relay(
         seen.append(settings)
         seen.extend(t.name for t in threading.enumerate())
 
-    monkeypatch.setattr(usp_workers.runtime.relay, "run_relay", fake_relay)
+    monkeypatch.setattr(usp_workers, "run_relay", fake_relay)  # the command takes it from the door
     settings = make_settings()
     env = {"USP_DATABASE_URL": settings.database_url, "USP_BROKER_URL": settings.broker_url_resolved}
     result = CliRunner().invoke(cli.app, ["scheduler"], env=env)

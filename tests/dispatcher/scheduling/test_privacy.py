@@ -15,6 +15,7 @@ from sqlalchemy.engine import Engine
 from sqlmodel import Session, col, select
 
 from tests.dispatcher.scheduling.support import ALICE, BOB, CAROL, NOW, Catalog, call, ok, refused, run
+from usp_core import db
 from usp_dispatcher.scheduling import (
     OFFER_TTL,
     ServiceSpec,
@@ -35,7 +36,6 @@ from usp_dispatcher.scheduling import (
     waitlist_entry_platform,
 )
 from usp_schemas import SLOT_UNAVAILABLE, TimeWindow
-from usp_workers.storage import db
 from usp_workers.storage.models import Delivery, EventRecord, Subscription
 
 A = "https://a.example/.well-known/ucp"

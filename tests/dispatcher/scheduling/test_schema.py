@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 
 from tests.dispatcher.conftest import MakeClient
 from usp_dispatcher import cli, database
-from usp_workers.storage import db
+from usp_workers.storage import migrate
 
 pytestmark = pytest.mark.empty_database
 
@@ -61,14 +61,14 @@ def test_upgrade_runs_both_chains_with_their_own_version_tables(engine: Engine) 
             sa.text("SELECT version_num FROM alembic_version_dispatcher")
         ).scalar() == _head(database.MIGRATIONS)
         assert connection.execute(sa.text("SELECT version_num FROM alembic_version")).scalar() == _head(
-            db.MIGRATIONS
+            migrate.MIGRATIONS
         )
     database.upgrade(engine)  # idempotent
     assert tables(engine) == present
 
 
 def test_engine_chain_alone_creates_no_domain_table(engine: Engine) -> None:
-    db.upgrade(engine)
+    migrate.upgrade(engine)
     assert not DOMAIN_TABLES & tables(engine)
 
 

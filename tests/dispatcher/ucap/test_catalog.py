@@ -13,6 +13,8 @@ from fastapi.testclient import TestClient
 from sqlalchemy.engine import Engine
 
 from tests.dispatcher.ucap.conftest import Agent, signed
+from usp_core import db
+from usp_core.clock import utcnow
 from usp_dispatcher.ucap import search as search_module
 from usp_dispatcher.ucap.answers import UcapError
 from usp_dispatcher.ucap.catalog import find_post
@@ -20,8 +22,6 @@ from usp_dispatcher.ucap.publishing import PostIn, PublicationIn, TierIn, add_po
 from usp_dispatcher.ucap.search import CANDIDATES, SearchQuery, index_document
 from usp_dispatcher.ucap.search import search as search_index
 from usp_dispatcher.ucap.seed import DEMO_PAID_POST, DEMO_PUBLICATION
-from usp_workers.storage import db
-from usp_workers.storage.models import utcnow
 
 
 def search(api: TestClient, agent: Agent, **body: Any) -> dict[str, Any]:

@@ -14,8 +14,8 @@ from sqlmodel import col, select
 
 from tests.dispatcher.ucap.conftest import Agent, MakeAgent, signed
 from tests.dispatcher.ucap.support import PRO, pay, start_usdc, x402_payment
+from usp_core import db
 from usp_dispatcher.ucap.seed import DEMO_PAID_POST, DEMO_PUBLICATION
-from usp_workers.storage import db
 from usp_workers.storage.models import EventRecord
 
 

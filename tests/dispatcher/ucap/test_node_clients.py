@@ -18,12 +18,12 @@ from sqlmodel import select
 from tests.dispatcher.conftest import MakeSettings, Serve
 from tests.dispatcher.ucap.conftest import Registry
 from tests.nodejs import node_test
+from usp_core import db
 from usp_dispatcher.access.signatures import web_bot_auth_headers
 from usp_dispatcher.api.app import create_app
 from usp_dispatcher.ucap.seed import DEMO_PAID_POST, DEMO_PUBLICATION
 from usp_dispatcher.ucap.tables import EntitlementRow
 from usp_receiver import SigningKey
-from usp_workers.storage import db
 
 pytestmark = pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
 

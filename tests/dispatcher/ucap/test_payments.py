@@ -25,13 +25,13 @@ from starlette.routing import Route
 from tests.dispatcher.conftest import MakeClient, MakeSettings, Serve
 from tests.dispatcher.ucap.conftest import Agent, signed
 from tests.dispatcher.ucap.support import pay, start_usdc, x402_payment
+from usp_core import db
 from usp_dispatcher.api.app import create_app
 from usp_dispatcher.ucap import subscriptions
 from usp_dispatcher.ucap.payments import sandbox_facilitator_app
 from usp_dispatcher.ucap.seed import DEMO_PAID_POST, DEMO_PUBLICATION
 from usp_dispatcher.ucap.settings import UcapSettings
 from usp_dispatcher.ucap.tables import CheckoutRow, EntitlementRow, TierRow
-from usp_workers.storage import db
 from usp_workers.storage.models import EventRecord
 
 PRO = "tier_ai_weekly_pro"

@@ -12,7 +12,7 @@ from pathlib import Path
 from tests.dispatcher.conftest import Serve
 from tests.readme_blocks import block_after
 from usp_dispatcher.api.app import create_app
-from usp_workers.settings import Settings
+from usp_dispatcher.cli.config import Settings
 
 SECTION = "### The content server (UCAP)"
 

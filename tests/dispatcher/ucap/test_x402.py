@@ -26,12 +26,12 @@ from x402.schemas import PaymentRequiredV1, PaymentRequirements
 from tests.dispatcher.conftest import MakeClient, MakeSettings, Serve
 from tests.dispatcher.ucap.conftest import Agent, MakeAgent, signed
 from tests.dispatcher.ucap.support import PRO, pay, start_usdc, subscribe_usdc, x402_payment
+from usp_core import db
 from usp_dispatcher.api.app import create_app
 from usp_dispatcher.ucap.payments import sandbox_facilitator_app
 from usp_dispatcher.ucap.seed import DEMO_PAID_POST, DEMO_PUBLICATION
 from usp_dispatcher.ucap.settings import UcapSettings
 from usp_dispatcher.ucap.tables import EntitlementRow, SubscriptionRow
-from usp_workers.storage import db
 
 READ = f"/v1/content/{DEMO_PUBLICATION}/{DEMO_PAID_POST}"
 

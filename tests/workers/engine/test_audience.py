@@ -16,9 +16,9 @@ from sqlalchemy.engine import Engine
 from sqlmodel import col, select
 
 from tests.workers.support import booking_event
+from usp_core.db import session
 from usp_workers.engine import outbox
 from usp_workers.engine.outbox import emit, reaches
-from usp_workers.storage.db import session
 from usp_workers.storage.models import Delivery, EventRecord, Subscription, SubscriptionState
 
 A = "https://a.example/.well-known/ucp"

@@ -40,15 +40,15 @@ from tests.workers.support import (
     emit_event,
     subscription,
 )
+from usp_core.db import session
+from usp_core.keycache import NoSigningKey
+from usp_core.keys import published_jwks, rotate
+from usp_core.ssrf import Resolver
+from usp_dispatcher.cli.config import Settings
 from usp_receiver import JWKS, Verifier
 from usp_schemas import WEBHOOK_METHOD
 from usp_workers.engine.delivery import RECORD_MARGIN, BatchReport, deliver_batch
-from usp_workers.engine.keycache import NoSigningKey
-from usp_workers.engine.keys import published_jwks, rotate
-from usp_workers.engine.ssrf import Resolver
 from usp_workers.engine.webhook_secrets import STANDARD, WebhookSecrets, seal
-from usp_workers.settings import Settings
-from usp_workers.storage.db import session
 from usp_workers.storage.models import (
     AttemptOutcome,
     DeliveryStatus,

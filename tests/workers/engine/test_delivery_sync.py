@@ -16,11 +16,11 @@ from sqlalchemy.engine import Engine
 
 from tests.workers.endpoints import Blocking, Hub, UspReceiver
 from tests.workers.support import Endpoints, add_subscription, attempts, delivery, emit_event
+from usp_dispatcher.cli.config import Settings
 from usp_receiver import JWKS
 from usp_workers.engine.background import background_runtime, close_background_runtime
 from usp_workers.engine.delivery import BatchReport, deliver_batch, deliver_batch_sync
 from usp_workers.engine.transport import make_client
-from usp_workers.settings import Settings
 from usp_workers.storage.models import DeliveryStatus
 
 
@@ -74,7 +74,7 @@ def test_a_forked_child_builds_its_own_runtime() -> None:
         """
         import asyncio, os, sys
         from usp_workers.engine.background import background_runtime, close_background_runtime
-        from usp_workers.settings import Settings
+        from usp_dispatcher.cli.config import Settings
 
         settings = Settings(_env_file=None)
         parent = background_runtime(settings)

@@ -11,10 +11,10 @@ from sqlalchemy.engine import Engine
 
 from tests.workers.engine.test_audience import reached, subscribe
 from tests.workers.support import booking_event
+from usp_core.db import session
 from usp_workers.engine.filters import LIMITS, FilterError, compile_filter
 from usp_workers.engine.outbox import emit, refusal
 from usp_workers.operations import Conflict, replay_event
-from usp_workers.storage.db import session
 from usp_workers.storage.models import EventRecord, Subscription
 
 EVENT: dict[str, Any] = {

@@ -18,6 +18,8 @@ from sqlmodel import Session, col, select
 from tests.workers.conftest import MakeSettings
 from tests.workers.endpoints import Answer
 from tests.workers.support import Clock, Endpoints, add_subscription, delivery, emit_event, subscription
+from usp_core.db import session
+from usp_dispatcher.cli.config import Settings
 from usp_receiver import JWKS
 from usp_workers.engine.delivery import deliver_batch
 from usp_workers.engine.health import (
@@ -27,8 +29,6 @@ from usp_workers.engine.health import (
     reset_health,
 )
 from usp_workers.runtime.relay import relay_once
-from usp_workers.settings import Settings
-from usp_workers.storage.db import session
 from usp_workers.storage.models import BreakerState, DeliveryStatus, Notice, SubscriptionState
 
 pytestmark = pytest.mark.anyio

@@ -8,12 +8,12 @@ import pytest
 from sqlalchemy.engine import Engine
 
 from tests.workers.conftest import MakeSettings
+from usp_core.clock import utcnow
+from usp_core.db import session
+from usp_core.keycache import NoSigningKey, SigningKeyCache
+from usp_core.keys import ensure_signing_key, rotate
+from usp_dispatcher.cli.config import Settings
 from usp_receiver import JWKS
-from usp_workers.engine.keycache import NoSigningKey, SigningKeyCache
-from usp_workers.engine.keys import ensure_signing_key, rotate
-from usp_workers.settings import Settings
-from usp_workers.storage.db import session
-from usp_workers.storage.models import utcnow
 
 
 def test_without_a_key_nothing_is_cached_and_the_first_key_is_seen_at_once(

@@ -20,6 +20,9 @@ from sqlmodel import Session, col, select
 from tests.workers.conftest import MakeSettings
 from tests.workers.endpoints import Receive, Scope, Send, read_body, respond
 from tests.workers.support import Clock, Endpoints, attempts, delivery
+from usp_core.clock import utcnow
+from usp_core.db import session
+from usp_dispatcher.cli.config import Settings
 from usp_receiver import JWKS
 from usp_schemas import BOOKING_CONFIRMED_EXAMPLE, new_event_id
 from usp_workers import operations
@@ -27,9 +30,7 @@ from usp_workers.engine import ordering
 from usp_workers.engine.delivery import deliver_batch
 from usp_workers.engine.outbox import emit
 from usp_workers.runtime.relay import hold_blocked, mark_due, release_held
-from usp_workers.settings import Settings
-from usp_workers.storage.db import session
-from usp_workers.storage.models import Delivery, DeliveryStatus, OnDead, Ordering, Subscription, utcnow
+from usp_workers.storage.models import Delivery, DeliveryStatus, OnDead, Ordering, Subscription
 
 pytestmark = pytest.mark.anyio
 

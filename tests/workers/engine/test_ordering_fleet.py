@@ -28,10 +28,10 @@ from tests.workers.support import (
     wait_all_succeeded,
     wait_for_status,
 )
+from usp_core.db import session
 from usp_schemas import BOOKING_CONFIRMED_EXAMPLE, new_event_id
 from usp_workers.engine.outbox import emit
 from usp_workers.runtime import tasks
-from usp_workers.storage.db import session
 from usp_workers.storage.models import DeliveryStatus, Ordering, Subscription
 
 SUBJECTS = 200

@@ -1,4 +1,4 @@
-"""The per-origin HTTP/1.1 pools deliveries go through (``usp_workers.engine.origin_pool``).
+"""The per-origin HTTP/1.1 pools deliveries go through (``usp_core.origin_pool``).
 
 A raw asyncio server on 127.0.0.1 plays the receiver, so the tests can count connections and
 misbehave in ways uvicorn will not: close a kept-alive connection instead of answering, close a
@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import httpx
 import pytest
 
-from usp_workers.engine.origin_pool import Origin, OriginTransport, RawRequest, RawResponse
+from usp_core.origin_pool import Origin, OriginTransport, RawRequest, RawResponse
 
 pytestmark = pytest.mark.anyio
 

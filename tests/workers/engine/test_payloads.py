@@ -6,10 +6,11 @@ import json
 
 import pytest
 
+from usp_core.clock import utcnow
 from usp_receiver import JWKS, DigestMismatch, SigningKey, Verifier
 from usp_schemas import BOOKING_CONFIRMED_EXAMPLE, notification_for, parse_event
 from usp_workers.engine.payloads import USER_AGENT, BodyCache, build_delivery_request, encode_body
-from usp_workers.storage.models import EventRecord, Subscription, Transport, utcnow
+from usp_workers.storage.models import EventRecord, Subscription, Transport
 
 URL = "https://platform.example/hooks/usp?tenant=7"
 KEY = SigningKey.generate()

@@ -42,14 +42,15 @@ from tests.workers.support import (
     subscription,
     wait_all_succeeded,
 )
+from usp_core.clock import utcnow
+from usp_core.db import session
 from usp_receiver import JWKS
 from usp_workers.engine import ratelimit
 from usp_workers.engine.delivery import deliver_batch
 from usp_workers.engine.health import set_rate_limit
 from usp_workers.engine.ratelimit import Reservation, burst_of
 from usp_workers.runtime import tasks
-from usp_workers.storage.db import session
-from usp_workers.storage.models import Attempt, Delivery, DeliveryStatus, RateBucket, utcnow
+from usp_workers.storage.models import Attempt, Delivery, DeliveryStatus, RateBucket
 
 pytestmark = pytest.mark.anyio
 

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from usp_dispatcher.cli.config import Settings
 from usp_workers.engine.schedule import (
     RetrySchedule,
     ScheduleError,
@@ -17,7 +18,7 @@ from usp_workers.engine.schedule import (
 )
 from usp_workers.engine.transport import TryResult
 from usp_workers.engine.verdict import judge
-from usp_workers.settings import DEFAULT_RETRY_SCHEDULE, Settings
+from usp_workers.settings import DEFAULT_RETRY_SCHEDULE
 from usp_workers.storage.models import AttemptOutcome, DeliveryStatus
 
 NOW = datetime(2026, 8, 20, 12, 0, tzinfo=UTC)

@@ -26,8 +26,8 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
 from tests.servers import serving
-from usp_workers.engine.origin_pool import OriginTransport, PinnedClient
-from usp_workers.engine.ssrf import (
+from usp_core.origin_pool import OriginTransport, PinnedClient
+from usp_core.ssrf import (
     ResolvedTarget,
     Resolver,
     TargetRefused,
@@ -40,8 +40,8 @@ from usp_workers.engine.ssrf import (
     new_client,
     send_pinned,
 )
+from usp_dispatcher.cli.config import Settings
 from usp_workers.engine.transport import FAILURES, connect_failure
-from usp_workers.settings import Settings
 
 pytestmark = pytest.mark.anyio
 

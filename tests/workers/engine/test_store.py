@@ -11,8 +11,9 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 from tests.workers.support import add_subscription, attempts, delivery, emit_event
+from usp_core.clock import utcnow
 from usp_workers.engine.store import AttemptRow, Claimed, DeliveryUpdate, claim, record
-from usp_workers.storage.models import Attempt, DeliveryStatus, utcnow
+from usp_workers.storage.models import Attempt, DeliveryStatus
 
 
 def test_racing_threads_claim_each_delivery_exactly_once(database: Engine) -> None:

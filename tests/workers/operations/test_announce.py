@@ -11,10 +11,10 @@ from sqlalchemy.engine import Engine
 from sqlmodel import col, select
 
 from tests.workers.engine.test_audience import subscribe
+from usp_core.db import session
 from usp_workers.engine import health
 from usp_workers.engine.outbox import emit
 from usp_workers.operations import announce_notices, masked_url
-from usp_workers.storage.db import session
 from usp_workers.storage.models import Delivery, DeliveryStatus, EventRecord
 
 OPERATIONAL = ["subscription.*", "delivery.dead", "probe.failed"]

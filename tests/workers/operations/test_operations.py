@@ -37,6 +37,9 @@ from tests.workers.support import (
     wait_for_status,
 )
 from tests.workers.support import subscribe as pipeline_subscribe
+from usp_core.clock import utcnow
+from usp_core.db import make_engine, session
+from usp_dispatcher.cli.config import Settings
 from usp_receiver import JWKS, VerificationError, Verifier
 from usp_receiver._url import request_url
 from usp_schemas import new_event_id
@@ -46,9 +49,8 @@ from usp_workers.engine.outbox import emit
 from usp_workers.operations import DeadLetterFilter, EventFilter
 from usp_workers.runtime import tasks
 from usp_workers.runtime.relay import relay_once, run_relay
-from usp_workers.settings import Settings
 from usp_workers.storage import retention
-from usp_workers.storage.db import make_engine, session, upgrade
+from usp_workers.storage.migrate import upgrade
 from usp_workers.storage.models import (
     Attempt,
     Delivery,
@@ -59,7 +61,6 @@ from usp_workers.storage.models import (
     Notice,
     Subscription,
     SubscriptionState,
-    utcnow,
 )
 
 pytestmark = pytest.mark.anyio

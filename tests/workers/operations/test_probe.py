@@ -14,12 +14,12 @@ from fastapi import FastAPI
 from tests.servers import running
 from tests.workers.endpoints import Answer, Receive, Scope, Send
 from tests.workers.support import Endpoints
+from usp_core.ssrf import check_target
+from usp_dispatcher.cli.config import Settings
 from usp_receiver import JWKS, SigningKey, VerificationPolicy, Verifier, WebhookReceiver
 from usp_receiver.fastapi import webhook_router
-from usp_workers.engine.ssrf import check_target
 from usp_workers.engine.transport import make_client
 from usp_workers.operations.probe import CASES, probe_endpoint, summary
-from usp_workers.settings import Settings
 
 pytestmark = pytest.mark.anyio
 

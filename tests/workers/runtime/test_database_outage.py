@@ -17,11 +17,12 @@ from tests.postgres import fresh_schema
 from tests.workers.conftest import MakeSettings
 from tests.workers.endpoints import Receive, Scope, Send, respond
 from tests.workers.support import Endpoints, add_subscription, attempts, delivery, emit_event
+from usp_core import db
+from usp_core.keys import ensure_signing_key
 from usp_workers.engine.background import close_background_runtime
 from usp_workers.engine.delivery import deliver_batch_sync
-from usp_workers.engine.keys import ensure_signing_key
 from usp_workers.runtime.relay import relay_once
-from usp_workers.storage import db
+from usp_workers.storage import migrate
 from usp_workers.storage.models import DeliveryStatus
 
 
@@ -59,7 +60,7 @@ def test_an_outcome_the_database_could_not_take_is_held_and_never_sent_twice(
     parsed = sa.make_url(schema_url)
     proxied: Engine | None = None
     try:
-        db.upgrade(direct)
+        migrate.upgrade(direct)
         with db.session(direct) as s:
             ensure_signing_key(s, settings)
             s.commit()
@@ -102,7 +103,7 @@ def test_after_its_own_outage_the_scheduler_holds_off_reclaiming_leases(
     settings = make_settings(database_url=schema_url)
     engine = db.make_engine(schema_url)
     try:
-        db.upgrade(engine)
+        migrate.upgrade(engine)
         add_subscription(engine, "http://127.0.0.1:9/held")
         _, (delivery_id,) = emit_event(engine)
         with engine.begin() as connection:

@@ -33,6 +33,9 @@ from tests.workers.support import (
     subscribe,
     wait_for_status,
 )
+from usp_core.clock import utcnow
+from usp_core.db import session
+from usp_core.keys import SigningKeyRecord
 from usp_receiver import JWKS
 from usp_schemas import BOOKING_CONFIRMED_EXAMPLE, new_event_id
 from usp_workers.engine.delivery import deliver_batch
@@ -40,8 +43,7 @@ from usp_workers.engine.outbox import emit
 from usp_workers.runtime import tasks
 from usp_workers.runtime.logs import JsonFormatter, configure_logging, redact
 from usp_workers.runtime.worker import worker_argv
-from usp_workers.storage.db import session
-from usp_workers.storage.models import Delivery, DeliveryStatus, SigningKeyRecord, utcnow
+from usp_workers.storage.models import Delivery, DeliveryStatus
 
 pytestmark = pytest.mark.anyio
 

@@ -19,19 +19,13 @@ from sqlalchemy.engine import Engine
 from sqlmodel import Session, SQLModel, select
 
 from tests.workers.conftest import MakeSettings
+from usp_core.clock import utcnow
+from usp_core.ids import new_id
+from usp_dispatcher.cli.config import Settings
 from usp_workers.engine import health
 from usp_workers.runtime.embedded_broker import TRANSPORT_PATH, make_broker_engine, prune_consumed
 from usp_workers.runtime.relay import RelayReport, endpoint_batch_size, plan_batches, relay_once
-from usp_workers.settings import Settings
-from usp_workers.storage.models import (
-    BreakerState,
-    Delivery,
-    DeliveryStatus,
-    EventRecord,
-    Subscription,
-    new_id,
-    utcnow,
-)
+from usp_workers.storage.models import BreakerState, Delivery, DeliveryStatus, EventRecord, Subscription
 
 REDIS_NOT_CONTACTED = "redis://127.0.0.1:6379/11"  # relay_once never connects: enqueue is ours
 

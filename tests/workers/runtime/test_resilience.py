@@ -374,8 +374,8 @@ CRASH_AFTER_COMMIT = """
 import json, os, signal, sys
 from usp_schemas import BOOKING_CONFIRMED_EXAMPLE, new_event_id
 from usp_workers.engine import outbox
-from usp_workers.storage.db import make_engine, session
-from usp_workers.settings import Settings
+from usp_core.db import make_engine, session
+from usp_dispatcher.cli.config import Settings
 
 def crash(delivery_ids):
     print(f"committed {len(delivery_ids)} deliveries; dying before the hand-off", flush=True)
@@ -439,8 +439,8 @@ import json, os, signal, sys
 from usp_schemas import BOOKING_CONFIRMED_EXAMPLE, new_event_id
 from usp_workers.engine import outbox
 from usp_workers.runtime import tasks
-from usp_workers.storage.db import make_engine, session
-from usp_workers.settings import Settings
+from usp_core.db import make_engine, session
+from usp_dispatcher.cli.config import Settings
 
 settings = Settings()
 tasks.install_enqueuer(settings)

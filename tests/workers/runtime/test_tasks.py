@@ -32,12 +32,12 @@ from tests.workers.support import (
     delivery,
     emit_event,
 )
+from usp_core.db import session
+from usp_dispatcher.cli.config import Settings
 from usp_workers.engine import outbox
 from usp_workers.runtime import tasks
 from usp_workers.runtime.celery_app import DELIVER_TASK, QUEUE, make_celery
 from usp_workers.runtime.embedded_broker import EMBEDDED_DRAIN_SLICE, celery_broker, make_broker_engine
-from usp_workers.settings import Settings
-from usp_workers.storage.db import session
 from usp_workers.storage.models import Delivery, EventRecord
 
 

@@ -13,17 +13,11 @@ from sqlmodel import Session, SQLModel, col, func, select
 
 from tests.workers.conftest import MakeSettings
 from tests.workers.support import add_subscription, emit_event
+from usp_core.clock import utcnow
+from usp_core.db import make_engine
 from usp_workers.runtime.relay import run_relay
-from usp_workers.storage.db import make_engine, upgrade
-from usp_workers.storage.models import (
-    Attempt,
-    Delivery,
-    DeliveryStatus,
-    EventRecord,
-    Notice,
-    Transport,
-    utcnow,
-)
+from usp_workers.storage.migrate import upgrade
+from usp_workers.storage.models import Attempt, Delivery, DeliveryStatus, EventRecord, Notice, Transport
 from usp_workers.storage.retention import prune_once
 
 _events = SQLModel.metadata.tables[EventRecord.__tablename__]

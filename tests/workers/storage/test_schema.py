@@ -21,8 +21,10 @@ from alembic.migration import MigrationContext
 from sqlalchemy.engine import Engine
 from sqlmodel import SQLModel
 
-from usp_workers.storage.db import MIGRATIONS, Migrated, make_engine, upgrade
-from usp_workers.storage.models import Delivery, EventRecord, Subscription, utcnow
+from usp_core.clock import utcnow
+from usp_core.db import Migrated, make_engine
+from usp_workers.storage.migrate import MIGRATIONS, upgrade
+from usp_workers.storage.models import Delivery, EventRecord, Subscription
 
 
 def _engine_tables(name: str | None, type_: str, _parents: Any) -> bool:
@@ -154,7 +156,7 @@ def test_alembic_is_imported_by_a_migration_not_by_starting_a_process(tmp_path: 
         "import sys\n"
         "import usp_workers.runtime.tasks, usp_dispatcher.cli\n"
         "print('alembic' in sys.modules)\n"
-        "from usp_workers.storage.db import make_engine, upgrade\n"
+        "from usp_core.db import make_engine\nfrom usp_workers.storage.migrate import upgrade\n"
         f"upgrade(make_engine({url!r}))\n"
         "print('alembic' in sys.modules)\n"
     )

@@ -15,8 +15,8 @@ from typing import Any, TypeVar
 
 import httpx
 
+from usp_core.settings import CommonSettings
 from usp_workers.engine.transport import make_client
-from usp_workers.settings import CommonSettings
 
 __all__ = ["BackgroundRuntime", "background_runtime", "close_background_runtime"]
 

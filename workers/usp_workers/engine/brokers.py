@@ -35,7 +35,7 @@ import nats
 import redis.asyncio
 from nats.js.api import PubAck
 
-from usp_workers.engine.ssrf import (
+from usp_core.ssrf import (
     ResolvedTarget,
     Resolver,
     TargetPolicy,

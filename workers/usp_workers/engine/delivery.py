@@ -23,18 +23,19 @@ import httpx
 from opentelemetry.trace import SpanKind, StatusCode
 from sqlalchemy.engine import Connection, Engine
 
+from usp_core.clock import utcnow
+from usp_core.keycache import current_signing_keys
+from usp_core.ssrf import ResolvedTarget, Resolver, check_target
 from usp_receiver import SigningKey, sign_message_headers
 from usp_workers.engine import brokers, custom_headers, endpoint_auth, health, ratelimit, tracing
 from usp_workers.engine.background import background_runtime
 from usp_workers.engine.endpoint_auth import EndpointAuth
 from usp_workers.engine.health import Gate, HealthPolicy, Tally
-from usp_workers.engine.keycache import current_signing_keys
 from usp_workers.engine.ordering import successors
 from usp_workers.engine.outage import DATABASE_OUTAGE, database_unavailable
 from usp_workers.engine.outbox import Enqueue
 from usp_workers.engine.payloads import BodyCache, build_delivery_request, encode_body
 from usp_workers.engine.schedule import RetrySchedule, subscription_schedule
-from usp_workers.engine.ssrf import ResolvedTarget, Resolver, check_target
 from usp_workers.engine.store import (
     AttemptRow,
     Claimed,
@@ -54,7 +55,6 @@ from usp_workers.storage.models import (
     DeliveryStatus,
     SubscriptionState,
     Transport,
-    utcnow,
 )
 
 __all__ = [
@@ -182,7 +182,7 @@ async def deliver_batch(
     (tests); ``now`` is the clock; ``schedule`` defaults to the one ``settings`` configure;
     ``enqueue`` hands an ordered subject's next delivery to the broker once this batch settles
     the one before it (without it, the scheduler's next pass sends it).
-    Raises :class:`~usp_workers.engine.keycache.NoSigningKey` (before claiming anything) when no key
+    Raises :class:`~usp_core.keycache.NoSigningKey` (before claiming anything) when no key
     signs now; database errors propagate (claimed deliveries then come back when their lease
     expires).
     """

@@ -24,9 +24,9 @@ from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 from pydantic import SecretStr
 
-from usp_workers.engine.ssrf import TargetRefused, check_target, send_pinned
+from usp_core.settings import CommonSettings
+from usp_core.ssrf import TargetRefused, check_target, send_pinned
 from usp_workers.engine.webhook_secrets import seal_bytes, unseal_bytes
-from usp_workers.settings import CommonSettings
 
 __all__ = [
     "MASK",

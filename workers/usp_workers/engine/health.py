@@ -15,16 +15,9 @@ from enum import Enum
 import sqlalchemy as sa
 from sqlmodel import Session, SQLModel
 
+from usp_core.clock import UtcDateTime, utcnow
 from usp_workers.settings import WorkerSettings
-from usp_workers.storage.models import (
-    BreakerState,
-    Notice,
-    Subscription,
-    SubscriptionState,
-    SubscriptionView,
-    UtcDateTime,
-    utcnow,
-)
+from usp_workers.storage.models import BreakerState, Notice, Subscription, SubscriptionState, SubscriptionView
 
 __all__ = [
     "BACKPRESSURE_MAX",

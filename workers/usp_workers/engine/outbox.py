@@ -19,19 +19,13 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Session as ORMSession
 from sqlmodel import Session, SQLModel
 
+from usp_core.clock import utcnow
+from usp_core.ids import new_id
 from usp_schemas import OPERATIONAL_EVENT_TYPES, WebhookEvent, parse_event
 from usp_workers.engine import tracing
 from usp_workers.engine.filters import Filter, parse_filter
 from usp_workers.engine.ordering import subject_of
-from usp_workers.storage.models import (
-    Delivery,
-    DeliveryStatus,
-    EventRecord,
-    Subscription,
-    SubscriptionState,
-    new_id,
-    utcnow,
-)
+from usp_workers.storage.models import Delivery, DeliveryStatus, EventRecord, Subscription, SubscriptionState
 
 __all__ = [
     "EVENTS_CHANNEL",

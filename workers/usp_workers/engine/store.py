@@ -18,6 +18,7 @@ from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.engine import Engine
 from sqlmodel import SQLModel
 
+from usp_core.clock import UtcDateTime
 from usp_workers.engine import health
 from usp_workers.engine.ordering import unblocked
 from usp_workers.storage.models import (
@@ -30,7 +31,6 @@ from usp_workers.storage.models import (
     Subscription,
     SubscriptionState,
     Transport,
-    UtcDateTime,
 )
 
 __all__ = [
@@ -195,7 +195,7 @@ class _Statements:
     executing it, per batch. Why ``= ANY(:ids)`` on PostgreSQL, not ``IN (…)``: one statement
     text and one bound array whatever the batch's size, where an ``IN`` list is re-rendered with
     one parameter per id at every execution. (Server-side prepared statements stay off, see
-    :func:`usp_workers.storage.db.make_engine`.)
+    :func:`usp_core.db.make_engine`.)
 
     On PostgreSQL, ``read`` is the whole claim in one statement: the batch's rows are
     locked by primary key ``FOR UPDATE SKIP LOCKED`` (a row another worker is claiming or

@@ -19,10 +19,10 @@ import anyio
 import httpx
 from anyio.lowlevel import RunVar
 
-from usp_workers.engine.origin_pool import OriginTransport, PinnedClient
+from usp_core.origin_pool import OriginTransport, PinnedClient
+from usp_core.settings import CommonSettings
+from usp_core.ssrf import ResolvedTarget, TargetRefused, send_pinned
 from usp_workers.engine.schedule import parse_retry_after
-from usp_workers.engine.ssrf import ResolvedTarget, TargetRefused, send_pinned
-from usp_workers.settings import CommonSettings
 
 __all__ = [
     "EXCERPT_BYTES",
@@ -59,7 +59,7 @@ class TryResult:
 def make_client(settings: CommonSettings) -> PinnedClient:
     """The client deliveries go through: build it once per process (per event loop) and reuse it.
 
-    A :class:`~usp_workers.engine.origin_pool.PinnedClient`: one small pool of kept-alive HTTP/1.1
+    A :class:`~usp_core.origin_pool.PinnedClient`: one small pool of kept-alive HTTP/1.1
     connections per origin (scheme, pinned IP, port, and for https the name the certificate was
     verified for), so https deliveries reuse their TLS connections safely, and finding a
     connection costs the same with ten endpoints or ten thousand. Built once because a client

@@ -14,7 +14,8 @@ from typing import Any, Final
 import sqlalchemy as sa
 from sqlmodel import Session, SQLModel
 
-from usp_workers.storage.models import Attempt, Delivery, utcnow
+from usp_core.clock import utcnow
+from usp_workers.storage.models import Attempt, Delivery
 
 __all__ = ["DURATION_BOUNDS_MS", "Activity", "subscription_activity"]
 

@@ -16,12 +16,7 @@ from usp_receiver import destination
 from usp_schemas import OPERATIONAL_EVENT_TYPES, new_event_id
 from usp_workers.engine import health
 from usp_workers.engine.outbox import emit
-from usp_workers.storage.models import (
-    Delivery,
-    EventRecord,
-    Notice,
-    Subscription,
-)
+from usp_workers.storage.models import Delivery, EventRecord, Notice, Subscription
 
 __all__ = ["ANNOUNCED_KINDS", "BUSINESS_ONLY", "announce_notices", "masked_url"]
 

@@ -14,6 +14,9 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 from sqlmodel import Session
 
+from usp_core.clock import utcnow
+from usp_core.db import session as open_session
+from usp_core.ids import new_id
 from usp_workers.engine.health import NOTICE_DISABLED, NOTICE_ENABLED
 from usp_workers.engine.ordering import subject_of
 from usp_workers.engine.outbox import Enqueue, event_matches, new_delivery_row, stored_filter
@@ -32,16 +35,7 @@ from usp_workers.operations.query import (
 from usp_workers.operations.replay import _supersede
 from usp_workers.operations.subscriptions import set_subscription_state
 from usp_workers.operations.views import Clock, DeadLetterFilter, JobKind, JobView, _iso, _job_view, _moment
-from usp_workers.storage.db import session as open_session
-from usp_workers.storage.models import (
-    DeliveryStatus,
-    Job,
-    JobStatus,
-    Subscription,
-    SubscriptionState,
-    new_id,
-    utcnow,
-)
+from usp_workers.storage.models import DeliveryStatus, Job, JobStatus, Subscription, SubscriptionState
 
 logger = logging.getLogger("usp_workers")
 

@@ -11,6 +11,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlmodel import Session, col, select
 
+from usp_core.clock import utcnow
 from usp_workers.engine.health import NOTICE_DELIVERY_DEAD
 from usp_workers.engine.outbox import refusal
 from usp_workers.operations.announce import masked_url
@@ -45,14 +46,7 @@ from usp_workers.operations.views import (
     _delivery_view,
     _summary,
 )
-from usp_workers.storage.models import (
-    DeliveryStatus,
-    EventRecord,
-    Notice,
-    Subscription,
-    SubscriptionState,
-    utcnow,
-)
+from usp_workers.storage.models import DeliveryStatus, EventRecord, Notice, Subscription, SubscriptionState
 
 
 def list_events(

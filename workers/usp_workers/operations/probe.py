@@ -16,6 +16,7 @@ from typing import Final, Literal
 
 import httpx
 
+from usp_core.ssrf import ResolvedTarget, send_pinned
 from usp_receiver import (
     PROFILE_COMPONENTS,
     USP_TAG,
@@ -25,7 +26,6 @@ from usp_receiver import (
     standard_webhooks,
 )
 from usp_schemas import PROBE_EVENT, PROBE_HEADER, WEBHOOK_METHOD, new_event_id
-from usp_workers.engine.ssrf import ResolvedTarget, send_pinned
 from usp_workers.storage.models import Transport
 
 __all__ = ["CASES", "Case", "CaseResult", "Expect", "as_json", "probe_endpoint", "summary", "verdict"]

@@ -23,14 +23,7 @@ from usp_workers.operations.views import (
     _attempt_view,
     _delivery_view,
 )
-from usp_workers.storage.models import (
-    Attempt,
-    Delivery,
-    EventRecord,
-    Job,
-    Notice,
-    Subscription,
-)
+from usp_workers.storage.models import Attempt, Delivery, EventRecord, Job, Notice, Subscription
 
 #: Largest page a list returns, whatever ``limit`` asks for.
 MAX_PAGE = 200

@@ -8,19 +8,14 @@ from datetime import datetime
 import sqlalchemy as sa
 from sqlmodel import Session
 
+from usp_core.clock import utcnow
+from usp_core.ids import new_id
 from usp_workers.engine.ordering import subject_of
 from usp_workers.engine.outbox import _enqueue_after_commit, event_matches, new_delivery_row, reaches, refusal
 from usp_workers.operations.errors import Conflict, NotFound
 from usp_workers.operations.query import _deliveries, _subscription, _subscriptions
 from usp_workers.operations.views import Clock, Replayed
-from usp_workers.storage.models import (
-    DeliveryStatus,
-    EventRecord,
-    Subscription,
-    SubscriptionState,
-    new_id,
-    utcnow,
-)
+from usp_workers.storage.models import DeliveryStatus, EventRecord, Subscription, SubscriptionState
 
 
 def replay_event(

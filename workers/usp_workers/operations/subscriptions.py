@@ -9,6 +9,7 @@ from datetime import datetime, timedelta
 import sqlalchemy as sa
 from sqlmodel import Session
 
+from usp_core.clock import utcnow
 from usp_workers.engine import health, ordering
 from usp_workers.engine.custom_headers import masked
 from usp_workers.engine.endpoint_auth import masked as masked_auth
@@ -26,7 +27,6 @@ from usp_workers.storage.models import (
     Ordering,
     Subscription,
     SubscriptionState,
-    utcnow,
 )
 
 #: The attempts a subscription's success rate is computed over.

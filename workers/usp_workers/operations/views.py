@@ -12,11 +12,7 @@ from typing import Any, Generic, TypeVar
 
 import sqlalchemy as sa
 
-from usp_workers.storage.models import (
-    DeliveryStatus,
-    Job,
-    JobStatus,
-)
+from usp_workers.storage.models import DeliveryStatus, Job, JobStatus
 
 Clock = Callable[[], datetime]
 

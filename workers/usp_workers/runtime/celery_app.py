@@ -20,11 +20,12 @@ from celery.exceptions import SecurityWarning
 from celery.signals import after_setup_logger, celeryd_init, worker_init, worker_process_init, worker_ready
 from kombu.entity import Queue
 
+from usp_core.settings import CommonSettings
 from usp_workers.engine import tracing
 from usp_workers.runtime.embedded_broker import celery_broker
 from usp_workers.runtime.heap import freeze_startup_heap
 from usp_workers.runtime.logs import hook_celery_logging
-from usp_workers.settings import CommonSettings, WorkerSettings
+from usp_workers.settings import WorkerSettings
 
 __all__ = [
     "DELIVER_TASK",

@@ -19,8 +19,8 @@ import sqlalchemy as sa
 from kombu.transport import sqlalchemy as kombu_sqla
 from sqlalchemy.engine import Engine
 
+from usp_core.db import sqlite_pragmas
 from usp_workers.runtime.doorbell import Doorbell
-from usp_workers.storage.db import sqlite_pragmas
 
 __all__ = [
     "EMBEDDED_DRAIN_SLICE",

@@ -12,7 +12,7 @@ import sys
 from datetime import UTC, datetime
 from typing import Any
 
-from usp_workers.settings import CommonSettings
+from usp_core.settings import CommonSettings
 
 __all__ = [
     "CONTEXT_FIELDS",

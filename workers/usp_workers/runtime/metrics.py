@@ -16,9 +16,9 @@ from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily, Met
 from sqlalchemy.engine import Engine
 from sqlmodel import SQLModel
 
+from usp_core.clock import utcnow
 from usp_workers.engine.ordering import blocked_counts, unblocked
 from usp_workers.operations import DELETED
-from usp_workers.settings import ApiSettings
 from usp_workers.storage.models import (
     Attempt,
     BreakerState,
@@ -26,7 +26,6 @@ from usp_workers.storage.models import (
     DeliveryStatus,
     EventRecord,
     Subscription,
-    utcnow,
 )
 
 __all__ = ["LATENCY_BUCKETS", "DatabaseCollector", "Snapshot", "delivery_counts", "render", "snapshot"]
@@ -73,8 +72,9 @@ class Snapshot:
     subscriptions: list[SubscriptionHealth] = field(default_factory=list)
 
 
-def snapshot(engine: Engine, settings: ApiSettings, *, now: datetime | None = None) -> Snapshot:
-    """Read the metrics' numbers at ``now`` (default: the present)."""
+def snapshot(engine: Engine, window_seconds: float, *, now: datetime | None = None) -> Snapshot:
+    """Read the metrics' numbers at ``now`` (default: the present); latency over the last
+    ``window_seconds``."""
     moment = now or utcnow()
     result = Snapshot()
     d = _deliveries.c
@@ -115,7 +115,7 @@ def snapshot(engine: Engine, settings: ApiSettings, *, now: datetime | None = No
         ).scalar()
         if oldest_pending is not None:
             result.oldest_pending_age = max(0.0, (moment - oldest_pending).total_seconds())
-        result.latency = _latency(connection, moment - timedelta(seconds=settings.metrics_window_seconds))
+        result.latency = _latency(connection, moment - timedelta(seconds=window_seconds))
         s = _subscriptions.c
         blocked = blocked_counts(connection)
         result.subscriptions = [
@@ -152,18 +152,19 @@ def delivery_counts(connection: sa.Connection) -> dict[tuple[str, str], int]:
 class DatabaseCollector:
     """A ``prometheus_client`` collector: each ``collect()`` takes a fresh :func:`snapshot`."""
 
-    def __init__(self, engine: Engine, settings: ApiSettings) -> None:
+    def __init__(self, engine: Engine, window_seconds: float) -> None:
         self.engine = engine
-        self.settings = settings
+        self.window_seconds = window_seconds
 
     def collect(self) -> Iterator[Metric]:
-        yield from families(snapshot(self.engine, self.settings))
+        yield from families(snapshot(self.engine, self.window_seconds))
 
 
-def render(engine: Engine, settings: ApiSettings) -> bytes:
-    """The Prometheus text exposition of the metrics (blocking: run it off the event loop)."""
+def render(engine: Engine, window_seconds: float) -> bytes:
+    """The Prometheus text exposition of the metrics, latency over the last ``window_seconds``
+    (blocking: run it off the event loop)."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(DatabaseCollector(engine, settings))
+    registry.register(DatabaseCollector(engine, window_seconds))
     return generate_latest(registry)
 
 

@@ -14,10 +14,10 @@ import sqlalchemy as sa
 from kombu.connection import Connection
 from sqlalchemy.engine import Engine
 
+from usp_core.settings import CommonSettings
 from usp_workers.engine.outage import describe
 from usp_workers.runtime.celery_app import transport_options
 from usp_workers.runtime.embedded_broker import celery_broker
-from usp_workers.settings import CommonSettings
 
 __all__ = ["CHECK_TIMEOUT_SECONDS", "Check", "check_broker", "check_database", "readiness"]
 

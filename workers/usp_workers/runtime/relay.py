@@ -24,6 +24,8 @@ from kombu.utils.url import maybe_sanitize_url
 from sqlalchemy.engine import Engine
 from sqlmodel import SQLModel
 
+from usp_core.clock import utcnow
+from usp_core.db import make_engine, session
 from usp_workers.engine import health
 from usp_workers.engine.health import HealthPolicy
 from usp_workers.engine.ordering import unblocked
@@ -33,8 +35,7 @@ from usp_workers.operations import announce_notices, lapse_leases, reclaim_stale
 from usp_workers.runtime.embedded_broker import make_broker_engine, prune_consumed
 from usp_workers.runtime.logs import configure_logging
 from usp_workers.settings import SchedulerSettings
-from usp_workers.storage.db import make_engine, session
-from usp_workers.storage.models import Delivery, DeliveryStatus, Subscription, utcnow
+from usp_workers.storage.models import Delivery, DeliveryStatus, Subscription
 from usp_workers.storage.retention import RetentionReport, RetentionSchedule, prune_once
 
 __all__ = [

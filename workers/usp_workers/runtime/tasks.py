@@ -19,13 +19,13 @@ from celery import Celery, shared_task
 from celery.signals import worker_process_shutdown, worker_shutdown
 from sqlalchemy.engine import Engine
 
+from usp_core.db import make_engine
+from usp_core.settings import CommonSettings
 from usp_workers import operations
 from usp_workers.engine import delivery, outbox
 from usp_workers.engine.handoff import HandOff
 from usp_workers.runtime.celery_app import DELIVER_TASK, QUEUE, make_celery, settings_of
 from usp_workers.runtime.celery_app import app as default_app
-from usp_workers.settings import CommonSettings
-from usp_workers.storage.db import make_engine
 
 __all__ = [
     "PUBLISH_RETRY_POLICY",

@@ -9,14 +9,14 @@ found again by the relay. Times are timezone-aware UTC everywhere (:class:`UtcDa
 from __future__ import annotations
 
 import enum
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Protocol
 
 import sqlalchemy as sa
-from sqlalchemy.engine import Dialect
 from sqlmodel import Field, SQLModel
 
-from usp_schemas import new_event_id
+from usp_core.clock import UtcDateTime, utcnow
+from usp_core.ids import new_id
 
 __all__ = [
     "Attempt",
@@ -32,44 +32,11 @@ __all__ = [
     "OnDead",
     "Ordering",
     "RateBucket",
-    "SigningKeyRecord",
     "Subscription",
     "SubscriptionState",
     "SubscriptionView",
     "Transport",
-    "UtcDateTime",
-    "new_id",
-    "utcnow",
 ]
-
-
-def utcnow() -> datetime:
-    return datetime.now(UTC)
-
-
-def new_id(prefix: str) -> str:
-    """A time-ordered id such as ``sub_019a...`` (the UUIDv7 layout of event ids)."""
-    return f"{prefix}_{new_event_id().removeprefix('evt_')}"
-
-
-class UtcDateTime(sa.TypeDecorator[datetime]):
-    """Aware UTC datetimes in and out, on SQLite (which stores them naive) and PostgreSQL alike."""
-
-    impl = sa.DateTime(timezone=True)
-    cache_ok = True
-
-    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
-        if value is None:
-            return None
-        if value.tzinfo is None:
-            raise ValueError("naive datetime: pass an aware UTC datetime")
-        value = value.astimezone(UTC)
-        return value.replace(tzinfo=None) if dialect.name == "sqlite" else value
-
-    def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:
-        if value is None:
-            return None
-        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
 
 
 class Transport(enum.StrEnum):
@@ -344,21 +311,6 @@ class Attempt(SQLModel, table=True):
     key_ids: str | None = Field(
         default=None, max_length=200, description="the kids that signed it, sig1 first (none: never sent)"
     )
-
-
-class SigningKeyRecord(SQLModel, table=True):
-    """A signing key. It is published from ``created_at``, signs from ``signs_from`` until
-    ``retires_at`` (null: until rotated out), and stays published a while after (the JWKS cache)."""
-
-    __tablename__ = "usp_signing_keys"
-
-    kid: str = Field(primary_key=True, max_length=64)
-    alg: str = Field(max_length=32)
-    private_jwk: str = Field(sa_type=sa.Text, repr=False)
-    public_jwk: str = Field(sa_type=sa.Text)
-    created_at: datetime = Field(default_factory=utcnow, sa_type=UtcDateTime)
-    signs_from: datetime = Field(default_factory=utcnow, sa_type=UtcDateTime)
-    retires_at: datetime | None = Field(default=None, sa_type=UtcDateTime)
 
 
 class Job(SQLModel, table=True):

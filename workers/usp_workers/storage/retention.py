@@ -14,8 +14,9 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 from sqlmodel import SQLModel
 
+from usp_core.clock import utcnow
 from usp_workers.settings import SchedulerSettings
-from usp_workers.storage.models import Attempt, Delivery, DeliveryStatus, EventRecord, Notice, utcnow
+from usp_workers.storage.models import Attempt, Delivery, DeliveryStatus, EventRecord, Notice
 
 __all__ = ["BATCH", "MAX_BATCHES_PER_PASS", "RetentionReport", "RetentionSchedule", "prune_once"]
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-import usp_workers.storage.models
+import usp_core.clock
 
 revision = "d0001"
 down_revision = None
@@ -26,7 +26,7 @@ def upgrade() -> None:
         sa.Column("request_hash", sa.String(length=64), nullable=False),
         sa.Column("status_code", sa.Integer(), nullable=False),
         sa.Column("response", sa.Text(), nullable=False),
-        sa.Column("created_at", usp_workers.storage.models.UtcDateTime(timezone=True), nullable=False),
+        sa.Column("created_at", usp_core.clock.UtcDateTime(timezone=True), nullable=False),
         sa.PrimaryKeyConstraint("principal", "key"),
     )
     with op.batch_alter_table("sched_idempotency_keys", schema=None) as batch_op:
@@ -45,8 +45,8 @@ def upgrade() -> None:
         sa.Column("capacity", sa.Integer(), nullable=False),
         sa.Column("timezone", sa.String(length=64), nullable=False),
         sa.Column("active", sa.Boolean(), nullable=False),
-        sa.Column("created_at", usp_workers.storage.models.UtcDateTime(timezone=True), nullable=False),
-        sa.Column("updated_at", usp_workers.storage.models.UtcDateTime(timezone=True), nullable=False),
+        sa.Column("created_at", usp_core.clock.UtcDateTime(timezone=True), nullable=False),
+        sa.Column("updated_at", usp_core.clock.UtcDateTime(timezone=True), nullable=False),
         sa.PrimaryKeyConstraint("id"),
     )
     with op.batch_alter_table("sched_services", schema=None) as batch_op:
@@ -56,13 +56,13 @@ def upgrade() -> None:
         "sched_slots",
         sa.Column("id", sa.String(length=128), nullable=False),
         sa.Column("service_id", sa.String(length=128), nullable=False),
-        sa.Column("start", usp_workers.storage.models.UtcDateTime(timezone=True), nullable=False),
-        sa.Column("end", usp_workers.storage.models.UtcDateTime(timezone=True), nullable=False),
+        sa.Column("start", usp_core.clock.UtcDateTime(timezone=True), nullable=False),
+        sa.Column("end", usp_core.clock.UtcDateTime(timezone=True), nullable=False),
         sa.Column("capacity", sa.Integer(), nullable=False),
         sa.Column("booked", sa.Integer(), nullable=False),
         sa.Column("held", sa.Integer(), nullable=False),
-        sa.Column("created_at", usp_workers.storage.models.UtcDateTime(timezone=True), nullable=False),
-        sa.Column("updated_at", usp_workers.storage.models.UtcDateTime(timezone=True), nullable=False),
+        sa.Column("created_at", usp_core.clock.UtcDateTime(timezone=True), nullable=False),
+        sa.Column("updated_at", usp_core.clock.UtcDateTime(timezone=True), nullable=False),
         sa.CheckConstraint("booked >= 0 AND held >= 0 AND booked + held <= capacity", name="seats"),
         sa.ForeignKeyConstraint(
             ["service_id"],
@@ -80,13 +80,13 @@ def upgrade() -> None:
         sa.Column("slot_id", sa.String(length=128), nullable=False),
         sa.Column("state", sa.String(length=16), nullable=False),
         sa.Column("buyer", sa.Text(), nullable=False),
-        sa.Column("start", usp_workers.storage.models.UtcDateTime(timezone=True), nullable=False),
-        sa.Column("end", usp_workers.storage.models.UtcDateTime(timezone=True), nullable=False),
+        sa.Column("start", usp_core.clock.UtcDateTime(timezone=True), nullable=False),
+        sa.Column("end", usp_core.clock.UtcDateTime(timezone=True), nullable=False),
         sa.Column("order_id", sa.String(length=128), nullable=True),
         sa.Column("correlation_id", sa.String(length=128), nullable=True),
         sa.Column("cancellation_reason", sa.String(length=500), nullable=True),
-        sa.Column("created_at", usp_workers.storage.models.UtcDateTime(timezone=True), nullable=False),
-        sa.Column("updated_at", usp_workers.storage.models.UtcDateTime(timezone=True), nullable=False),
+        sa.Column("created_at", usp_core.clock.UtcDateTime(timezone=True), nullable=False),
+        sa.Column("updated_at", usp_core.clock.UtcDateTime(timezone=True), nullable=False),
         sa.ForeignKeyConstraint(
             ["service_id"],
             ["sched_services.id"],
@@ -105,16 +105,16 @@ def upgrade() -> None:
         "sched_waitlist_entries",
         sa.Column("id", sa.String(length=128), nullable=False),
         sa.Column("service_id", sa.String(length=128), nullable=False),
-        sa.Column("window_start", usp_workers.storage.models.UtcDateTime(timezone=True), nullable=False),
-        sa.Column("window_end", usp_workers.storage.models.UtcDateTime(timezone=True), nullable=False),
+        sa.Column("window_start", usp_core.clock.UtcDateTime(timezone=True), nullable=False),
+        sa.Column("window_end", usp_core.clock.UtcDateTime(timezone=True), nullable=False),
         sa.Column("buyer", sa.Text(), nullable=False),
         sa.Column("state", sa.String(length=16), nullable=False),
         sa.Column("offered_slot_id", sa.String(length=128), nullable=True),
-        sa.Column("offer_expires_at", usp_workers.storage.models.UtcDateTime(timezone=True), nullable=True),
+        sa.Column("offer_expires_at", usp_core.clock.UtcDateTime(timezone=True), nullable=True),
         sa.Column("booking_id", sa.String(length=128), nullable=True),
         sa.Column("correlation_id", sa.String(length=128), nullable=True),
-        sa.Column("created_at", usp_workers.storage.models.UtcDateTime(timezone=True), nullable=False),
-        sa.Column("updated_at", usp_workers.storage.models.UtcDateTime(timezone=True), nullable=False),
+        sa.Column("created_at", usp_core.clock.UtcDateTime(timezone=True), nullable=False),
+        sa.Column("updated_at", usp_core.clock.UtcDateTime(timezone=True), nullable=False),
         sa.ForeignKeyConstraint(
             ["booking_id"],
             ["sched_bookings.id"],

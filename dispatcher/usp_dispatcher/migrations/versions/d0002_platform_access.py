@@ -10,7 +10,7 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-import usp_workers.storage.models
+import usp_core.clock
 
 revision = "d0002"
 down_revision = "d0001"
@@ -26,8 +26,8 @@ def upgrade() -> None:
         sa.Column("principal", sa.String(length=256), nullable=False),
         sa.Column("token_hash", sa.String(length=64), nullable=False),
         sa.Column("label", sa.String(length=200), nullable=True),
-        sa.Column("created_at", usp_workers.storage.models.UtcDateTime(timezone=True), nullable=False),
-        sa.Column("revoked_at", usp_workers.storage.models.UtcDateTime(timezone=True), nullable=True),
+        sa.Column("created_at", usp_core.clock.UtcDateTime(timezone=True), nullable=False),
+        sa.Column("revoked_at", usp_core.clock.UtcDateTime(timezone=True), nullable=True),
         sa.PrimaryKeyConstraint("id"),
         sa.UniqueConstraint("token_hash"),
     )
@@ -38,7 +38,7 @@ def upgrade() -> None:
         "sched_principal_profiles",
         sa.Column("principal", sa.String(length=256), nullable=False),
         sa.Column("profile", sa.String(length=2048), nullable=False),
-        sa.Column("created_at", usp_workers.storage.models.UtcDateTime(timezone=True), nullable=False),
+        sa.Column("created_at", usp_core.clock.UtcDateTime(timezone=True), nullable=False),
         sa.PrimaryKeyConstraint("principal"),
     )
     with op.batch_alter_table("sched_principal_profiles", schema=None) as batch_op:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-import usp_workers.storage.models
+import usp_core.clock
 
 revision = "d0003"
 down_revision = "d0002"
@@ -23,7 +23,7 @@ def upgrade() -> None:
     op.create_table(
         "access_nonces",
         sa.Column("key", sa.String(length=64), nullable=False),
-        sa.Column("expires_at", usp_workers.storage.models.UtcDateTime(timezone=True), nullable=False),
+        sa.Column("expires_at", usp_core.clock.UtcDateTime(timezone=True), nullable=False),
         sa.PrimaryKeyConstraint("key"),
     )
     with op.batch_alter_table("access_nonces", schema=None) as batch_op:
@@ -38,8 +38,8 @@ def upgrade() -> None:
         sa.Column("categories", sa.Text(), nullable=False),
         sa.Column("language", sa.String(length=35), nullable=True),
         sa.Column("url", sa.String(length=2048), nullable=True),
-        sa.Column("created_at", usp_workers.storage.models.UtcDateTime(timezone=True), nullable=False),
-        sa.Column("updated_at", usp_workers.storage.models.UtcDateTime(timezone=True), nullable=False),
+        sa.Column("created_at", usp_core.clock.UtcDateTime(timezone=True), nullable=False),
+        sa.Column("updated_at", usp_core.clock.UtcDateTime(timezone=True), nullable=False),
         sa.PrimaryKeyConstraint("id"),
         sa.UniqueConstraint("slug"),
     )
@@ -58,8 +58,8 @@ def upgrade() -> None:
         sa.Column("url", sa.String(length=2048), nullable=True),
         sa.Column("word_count", sa.Integer(), nullable=False),
         sa.Column("free", sa.Boolean(), nullable=False),
-        sa.Column("published_at", usp_workers.storage.models.UtcDateTime(timezone=True), nullable=False),
-        sa.Column("updated_at", usp_workers.storage.models.UtcDateTime(timezone=True), nullable=False),
+        sa.Column("published_at", usp_core.clock.UtcDateTime(timezone=True), nullable=False),
+        sa.Column("updated_at", usp_core.clock.UtcDateTime(timezone=True), nullable=False),
         sa.ForeignKeyConstraint(
             ["publication_id"],
             ["ucap_publications.id"],
@@ -84,7 +84,7 @@ def upgrade() -> None:
         sa.Column("features", sa.Text(), nullable=False),
         sa.Column("stripe_price_id", sa.String(length=255), nullable=True),
         sa.Column("position", sa.Integer(), nullable=False),
-        sa.Column("created_at", usp_workers.storage.models.UtcDateTime(timezone=True), nullable=False),
+        sa.Column("created_at", usp_core.clock.UtcDateTime(timezone=True), nullable=False),
         sa.ForeignKeyConstraint(
             ["publication_id"],
             ["ucap_publications.id"],
@@ -152,10 +152,10 @@ def upgrade() -> None:
         sa.Column("price_amount", sa.Integer(), nullable=False),
         sa.Column("currency", sa.String(length=3), nullable=False),
         sa.Column("interval", sa.String(length=8), nullable=False),
-        sa.Column("created_at", usp_workers.storage.models.UtcDateTime(timezone=True), nullable=False),
-        sa.Column("activated_at", usp_workers.storage.models.UtcDateTime(timezone=True), nullable=True),
-        sa.Column("renews_at", usp_workers.storage.models.UtcDateTime(timezone=True), nullable=True),
-        sa.Column("cancelled_at", usp_workers.storage.models.UtcDateTime(timezone=True), nullable=True),
+        sa.Column("created_at", usp_core.clock.UtcDateTime(timezone=True), nullable=False),
+        sa.Column("activated_at", usp_core.clock.UtcDateTime(timezone=True), nullable=True),
+        sa.Column("renews_at", usp_core.clock.UtcDateTime(timezone=True), nullable=True),
+        sa.Column("cancelled_at", usp_core.clock.UtcDateTime(timezone=True), nullable=True),
         sa.ForeignKeyConstraint(
             ["publication_id"],
             ["ucap_publications.id"],
@@ -179,9 +179,9 @@ def upgrade() -> None:
         sa.Column("provider_ref", sa.String(length=255), nullable=True),
         sa.Column("payment_nonce", sa.String(length=80), nullable=True),
         sa.Column("requirements", sa.Text(), nullable=True),
-        sa.Column("expires_at", usp_workers.storage.models.UtcDateTime(timezone=True), nullable=False),
-        sa.Column("created_at", usp_workers.storage.models.UtcDateTime(timezone=True), nullable=False),
-        sa.Column("completed_at", usp_workers.storage.models.UtcDateTime(timezone=True), nullable=True),
+        sa.Column("expires_at", usp_core.clock.UtcDateTime(timezone=True), nullable=False),
+        sa.Column("created_at", usp_core.clock.UtcDateTime(timezone=True), nullable=False),
+        sa.Column("completed_at", usp_core.clock.UtcDateTime(timezone=True), nullable=True),
         sa.ForeignKeyConstraint(
             ["subscription_id"],
             ["ucap_subscriptions.id"],
@@ -203,9 +203,9 @@ def upgrade() -> None:
         sa.Column("tier_id", sa.String(length=128), nullable=False),
         sa.Column("agent_id", sa.String(length=44), nullable=False),
         sa.Column("status", sa.String(length=16), nullable=False),
-        sa.Column("granted_at", usp_workers.storage.models.UtcDateTime(timezone=True), nullable=False),
-        sa.Column("renews_at", usp_workers.storage.models.UtcDateTime(timezone=True), nullable=True),
-        sa.Column("revoked_at", usp_workers.storage.models.UtcDateTime(timezone=True), nullable=True),
+        sa.Column("granted_at", usp_core.clock.UtcDateTime(timezone=True), nullable=False),
+        sa.Column("renews_at", usp_core.clock.UtcDateTime(timezone=True), nullable=True),
+        sa.Column("revoked_at", usp_core.clock.UtcDateTime(timezone=True), nullable=True),
         sa.ForeignKeyConstraint(
             ["publication_id"],
             ["ucap_publications.id"],

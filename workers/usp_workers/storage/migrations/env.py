@@ -1,15 +1,16 @@
-"""Alembic environment: migrations run on the connection ``usp_workers.storage.db.upgrade`` hands in."""
+"""Alembic environment: migrations run on the connection ``usp_workers.storage.migrate.upgrade`` hands in."""
 
 from __future__ import annotations
 
 from alembic import context
 from sqlmodel import SQLModel
 
-import usp_workers.storage.models  # noqa: F401  (registers the tables on SQLModel.metadata)
+import usp_core.keys  # noqa: F401  (these two register the tables on SQLModel.metadata)
+import usp_workers.storage.models  # noqa: F401
 
 connection = context.config.attributes.get("connection")
 if connection is None:
-    raise RuntimeError("run migrations through usp_workers.storage.db.upgrade(engine)")
+    raise RuntimeError("run migrations through usp_workers.storage.migrate.upgrade(engine)")
 
 
 def _ours(name: str | None, type_: str, parent_names: object) -> bool:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-import usp_workers.storage.models
+import usp_core.clock
 
 revision = "0001"
 down_revision = None
@@ -27,8 +27,8 @@ def upgrade() -> None:
         sa.Column("subject_id", sa.String(length=128), nullable=True),
         sa.Column("correlation_id", sa.String(length=128), nullable=True),
         sa.Column("order_id", sa.String(length=128), nullable=True),
-        sa.Column("occurred_at", usp_workers.storage.models.UtcDateTime(timezone=True), nullable=False),
-        sa.Column("created_at", usp_workers.storage.models.UtcDateTime(timezone=True), nullable=False),
+        sa.Column("occurred_at", usp_core.clock.UtcDateTime(timezone=True), nullable=False),
+        sa.Column("created_at", usp_core.clock.UtcDateTime(timezone=True), nullable=False),
         sa.Column("payload", sa.Text(), nullable=False),
         sa.PrimaryKeyConstraint("id"),
     )
@@ -45,9 +45,9 @@ def upgrade() -> None:
         sa.Column("alg", sa.String(length=32), nullable=False),
         sa.Column("private_jwk", sa.Text(), nullable=False),
         sa.Column("public_jwk", sa.Text(), nullable=False),
-        sa.Column("created_at", usp_workers.storage.models.UtcDateTime(timezone=True), nullable=False),
-        sa.Column("signs_from", usp_workers.storage.models.UtcDateTime(timezone=True), nullable=False),
-        sa.Column("retires_at", usp_workers.storage.models.UtcDateTime(timezone=True), nullable=True),
+        sa.Column("created_at", usp_core.clock.UtcDateTime(timezone=True), nullable=False),
+        sa.Column("signs_from", usp_core.clock.UtcDateTime(timezone=True), nullable=False),
+        sa.Column("retires_at", usp_core.clock.UtcDateTime(timezone=True), nullable=True),
         sa.PrimaryKeyConstraint("kid"),
     )
     op.create_table(
@@ -59,8 +59,8 @@ def upgrade() -> None:
         sa.Column("platform_profile", sa.String(length=2048), nullable=True),
         sa.Column("state", sa.String(length=16), nullable=False),
         sa.Column("disabled_reason", sa.String(length=256), nullable=True),
-        sa.Column("created_at", usp_workers.storage.models.UtcDateTime(timezone=True), nullable=False),
-        sa.Column("updated_at", usp_workers.storage.models.UtcDateTime(timezone=True), nullable=False),
+        sa.Column("created_at", usp_core.clock.UtcDateTime(timezone=True), nullable=False),
+        sa.Column("updated_at", usp_core.clock.UtcDateTime(timezone=True), nullable=False),
         sa.PrimaryKeyConstraint("id"),
     )
     with op.batch_alter_table("usp_subscriptions", schema=None) as batch_op:
@@ -76,14 +76,14 @@ def upgrade() -> None:
         sa.Column("subscription_id", sa.String(length=40), nullable=False),
         sa.Column("status", sa.String(length=16), nullable=False),
         sa.Column("attempt_count", sa.Integer(), nullable=False),
-        sa.Column("next_attempt_at", usp_workers.storage.models.UtcDateTime(timezone=True), nullable=False),
-        sa.Column("enqueued_at", usp_workers.storage.models.UtcDateTime(timezone=True), nullable=True),
-        sa.Column("lease_until", usp_workers.storage.models.UtcDateTime(timezone=True), nullable=True),
+        sa.Column("next_attempt_at", usp_core.clock.UtcDateTime(timezone=True), nullable=False),
+        sa.Column("enqueued_at", usp_core.clock.UtcDateTime(timezone=True), nullable=True),
+        sa.Column("lease_until", usp_core.clock.UtcDateTime(timezone=True), nullable=True),
         sa.Column("last_status_code", sa.Integer(), nullable=True),
         sa.Column("last_error", sa.String(length=512), nullable=True),
-        sa.Column("created_at", usp_workers.storage.models.UtcDateTime(timezone=True), nullable=False),
-        sa.Column("updated_at", usp_workers.storage.models.UtcDateTime(timezone=True), nullable=False),
-        sa.Column("completed_at", usp_workers.storage.models.UtcDateTime(timezone=True), nullable=True),
+        sa.Column("created_at", usp_core.clock.UtcDateTime(timezone=True), nullable=False),
+        sa.Column("updated_at", usp_core.clock.UtcDateTime(timezone=True), nullable=False),
+        sa.Column("completed_at", usp_core.clock.UtcDateTime(timezone=True), nullable=True),
         sa.ForeignKeyConstraint(
             ["event_id"],
             ["usp_events.id"],
@@ -106,7 +106,7 @@ def upgrade() -> None:
         sa.Column("id", sa.Integer(), nullable=False),
         sa.Column("delivery_id", sa.String(length=40), nullable=False),
         sa.Column("attempt_number", sa.Integer(), nullable=False),
-        sa.Column("started_at", usp_workers.storage.models.UtcDateTime(timezone=True), nullable=False),
+        sa.Column("started_at", usp_core.clock.UtcDateTime(timezone=True), nullable=False),
         sa.Column("duration_ms", sa.Float(), nullable=False),
         sa.Column("status_code", sa.Integer(), nullable=True),
         sa.Column("response_excerpt", sa.String(length=1024), nullable=True),

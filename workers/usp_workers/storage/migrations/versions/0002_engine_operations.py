@@ -10,7 +10,7 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-import usp_workers.storage.models
+import usp_core.clock
 
 revision = "0002"
 down_revision = "0001"
@@ -30,9 +30,9 @@ def upgrade() -> None:
         sa.Column("processed", sa.Integer(), nullable=False),
         sa.Column("cursor", sa.String(length=128), nullable=True),
         sa.Column("error", sa.String(length=512), nullable=True),
-        sa.Column("created_at", usp_workers.storage.models.UtcDateTime(timezone=True), nullable=False),
-        sa.Column("updated_at", usp_workers.storage.models.UtcDateTime(timezone=True), nullable=False),
-        sa.Column("finished_at", usp_workers.storage.models.UtcDateTime(timezone=True), nullable=True),
+        sa.Column("created_at", usp_core.clock.UtcDateTime(timezone=True), nullable=False),
+        sa.Column("updated_at", usp_core.clock.UtcDateTime(timezone=True), nullable=False),
+        sa.Column("finished_at", usp_core.clock.UtcDateTime(timezone=True), nullable=True),
         sa.PrimaryKeyConstraint("id"),
     )
     with op.batch_alter_table("usp_jobs", schema=None) as batch_op:
@@ -44,7 +44,7 @@ def upgrade() -> None:
         sa.Column("subscription_id", sa.String(length=40), nullable=False),
         sa.Column("kind", sa.String(length=64), nullable=False),
         sa.Column("detail", sa.String(length=512), nullable=False),
-        sa.Column("created_at", usp_workers.storage.models.UtcDateTime(timezone=True), nullable=False),
+        sa.Column("created_at", usp_core.clock.UtcDateTime(timezone=True), nullable=False),
         sa.PrimaryKeyConstraint("id"),
     )
     with op.batch_alter_table("usp_notices", schema=None) as batch_op:
@@ -60,19 +60,19 @@ def upgrade() -> None:
             sa.Column("consecutive_failures", sa.Integer(), nullable=False, server_default="0")
         )
         batch_op.add_column(
-            sa.Column("failing_since", usp_workers.storage.models.UtcDateTime(timezone=True), nullable=True)
+            sa.Column("failing_since", usp_core.clock.UtcDateTime(timezone=True), nullable=True)
         )
         batch_op.add_column(
-            sa.Column("last_success_at", usp_workers.storage.models.UtcDateTime(timezone=True), nullable=True)
+            sa.Column("last_success_at", usp_core.clock.UtcDateTime(timezone=True), nullable=True)
         )
         batch_op.add_column(
-            sa.Column("last_failure_at", usp_workers.storage.models.UtcDateTime(timezone=True), nullable=True)
+            sa.Column("last_failure_at", usp_core.clock.UtcDateTime(timezone=True), nullable=True)
         )
         batch_op.add_column(
             sa.Column("breaker_state", sa.String(length=16), nullable=False, server_default="closed")
         )
         batch_op.add_column(
-            sa.Column("breaker_until", usp_workers.storage.models.UtcDateTime(timezone=True), nullable=True)
+            sa.Column("breaker_until", usp_core.clock.UtcDateTime(timezone=True), nullable=True)
         )
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-import usp_workers.storage.models
+import usp_core.clock
 
 revision = "0003"
 down_revision = "0002"
@@ -23,7 +23,7 @@ def upgrade() -> None:
         "usp_rate_slots",
         sa.Column("subscription_id", sa.String(length=40), nullable=False),
         sa.Column("slot", sa.Integer(), nullable=False),
-        sa.Column("last_start_at", usp_workers.storage.models.UtcDateTime(timezone=True), nullable=True),
+        sa.Column("last_start_at", usp_core.clock.UtcDateTime(timezone=True), nullable=True),
         sa.PrimaryKeyConstraint("subscription_id", "slot"),
     )
     with op.batch_alter_table("usp_subscriptions", schema=None) as batch_op:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-import usp_workers.storage.models
+import usp_core.clock
 
 revision = "0007"
 down_revision = "0006"
@@ -23,7 +23,7 @@ def upgrade() -> None:
     op.create_table(
         "usp_rate_buckets",
         sa.Column("subscription_id", sa.String(length=40), nullable=False),
-        sa.Column("tat", usp_workers.storage.models.UtcDateTime(timezone=True), nullable=False),
+        sa.Column("tat", usp_core.clock.UtcDateTime(timezone=True), nullable=False),
         sa.PrimaryKeyConstraint("subscription_id"),
     )
     op.drop_table("usp_rate_slots")  # start stamps only: a bucket starts full
@@ -38,7 +38,7 @@ def downgrade() -> None:
         "usp_rate_slots",
         sa.Column("subscription_id", sa.String(length=40), nullable=False),
         sa.Column("slot", sa.Integer(), nullable=False),
-        sa.Column("last_start_at", usp_workers.storage.models.UtcDateTime(timezone=True), nullable=True),
+        sa.Column("last_start_at", usp_core.clock.UtcDateTime(timezone=True), nullable=True),
         sa.PrimaryKeyConstraint("subscription_id", "slot"),
     )
     op.drop_table("usp_rate_buckets")

@@ -10,7 +10,7 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-import usp_workers.storage.models
+import usp_core.clock
 
 revision = "0010"
 down_revision = "0009"
@@ -22,7 +22,7 @@ def upgrade() -> None:
     op.create_table(
         "usp_probe_runs",
         sa.Column("id", sa.String(length=40), nullable=False),
-        sa.Column("created_at", usp_workers.storage.models.UtcDateTime(timezone=True), nullable=False),
+        sa.Column("created_at", usp_core.clock.UtcDateTime(timezone=True), nullable=False),
         sa.Column("actor", sa.String(length=200), nullable=False),
         sa.Column("target", sa.String(length=2048), nullable=False),
         sa.Column("transport", sa.String(length=16), nullable=False),

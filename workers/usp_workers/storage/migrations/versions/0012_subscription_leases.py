@@ -10,7 +10,7 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-import usp_workers.storage.models
+import usp_core.clock
 
 revision = "0012"
 down_revision = "0011"
@@ -21,7 +21,7 @@ depends_on = None
 def upgrade() -> None:
     with op.batch_alter_table("usp_subscriptions", schema=None) as batch_op:
         batch_op.add_column(
-            sa.Column("lease_until", usp_workers.storage.models.UtcDateTime(timezone=True), nullable=True)
+            sa.Column("lease_until", usp_core.clock.UtcDateTime(timezone=True), nullable=True)
         )
         batch_op.create_index("ix_usp_subscriptions_lease_until", ["lease_until"], unique=False)
 

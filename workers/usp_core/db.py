@@ -1,9 +1,10 @@
-"""Engines and sessions for SQLite (embedded default) and PostgreSQL, and schema migrations.
+"""Engines and sessions for SQLite (embedded default) and PostgreSQL, and running a chain of
+schema migrations.
 
 SQLite is tuned for several processes (API, workers, relay) sharing one file: WAL so readers do
 not block the writer, a busy timeout so writers queue instead of failing, foreign keys enforced.
-The schema is only ever created by Alembic migrations (``upgrade``), on both databases, so the
-tables tests run against are the tables production gets.
+The schema is only ever created by Alembic migrations (:func:`run_migrations`), on both databases,
+so the tables tests run against are the tables production gets.
 """
 
 from __future__ import annotations
@@ -19,26 +20,22 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 from sqlmodel import Session
 
-from usp_workers.settings import CommonSettings
+from usp_core.settings import CommonSettings
 
 if TYPE_CHECKING:
     from alembic.config import Config
 
 __all__ = [
-    "MIGRATIONS",
     "Migrated",
     "lock_for_count",
     "make_engine",
     "run_migrations",
     "session",
     "session_or_held",
-    "upgrade",
 ]
 
-MIGRATIONS = Path(__file__).with_name("migrations")
 #: Seconds a new PostgreSQL connection may take to open.
 CONNECT_TIMEOUT_SECONDS = 5
-_MIGRATION_LOCK = 0x5553_5057  # "USPW": the advisory lock id migrations hold on PostgreSQL
 
 
 def make_engine(settings: CommonSettings | str) -> Engine:
@@ -102,11 +99,6 @@ class Migrated:
     before: str | None
     after: str | None
     created: tuple[str, ...]
-
-
-def upgrade(engine: Engine, revision: str = "head") -> Migrated:
-    """Bring the schema to ``revision`` (creating it from an empty database)."""
-    return run_migrations(engine, MIGRATIONS, lock=_MIGRATION_LOCK, revision=revision)
 
 
 def run_migrations(

@@ -1,6 +1,6 @@
 """The signing keys of the moment, cached in-process for a few seconds.
 
-Why it works this way: docs/architecture.md, "Notes by module", ``usp_workers.engine.keycache``.
+Why it works this way: docs/architecture.md, "Notes by module", ``usp_core.keycache``.
 """
 
 from __future__ import annotations
@@ -14,11 +14,11 @@ from datetime import datetime, timedelta
 from sqlalchemy.engine import Engine
 from sqlmodel import col, select
 
+from usp_core.clock import utcnow
+from usp_core.db import session
+from usp_core.keys import SigningKeyRecord, signing_keys
+from usp_core.settings import CommonSettings
 from usp_receiver import SigningKey
-from usp_workers.engine.keys import signing_keys
-from usp_workers.settings import CommonSettings
-from usp_workers.storage.db import session
-from usp_workers.storage.models import SigningKeyRecord, utcnow
 
 __all__ = [
     "DEFAULT_MAX_AGE",
@@ -67,9 +67,7 @@ class SigningKeyCache:
         if entry is None or not entry.loaded_at <= moment < entry.valid_until:
             entry = self._load(engine, settings, moment)
             if not entry.keys:  # not cached: the first key may be created any moment now
-                raise NoSigningKey(
-                    "no key signs now; create one with usp_workers.engine.keys.ensure_signing_key"
-                )
+                raise NoSigningKey("no key signs now; create one with usp_core.keys.ensure_signing_key")
             with self._lock:
                 self._entries.setdefault(engine, {})[store] = entry
         return entry.keys

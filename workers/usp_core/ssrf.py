@@ -17,7 +17,7 @@ from typing import Final, Literal, Protocol
 import anyio
 import httpx
 
-from usp_workers.engine.origin_pool import Origin, PinnedClient, RawRequest
+from usp_core.origin_pool import Origin, PinnedClient, RawRequest
 
 __all__ = [
     "METADATA_HOSTS",
@@ -596,7 +596,7 @@ async def _send_direct(
     limit: int,
     deadline: float | None,
 ) -> PinnedResponse:
-    """Through the client's :class:`~usp_workers.engine.origin_pool.OriginTransport` directly, without
+    """Through the client's :class:`~usp_core.origin_pool.OriginTransport` directly, without
     httpx's request and response models (a third of a delivery's CPU in profiles)."""
     wire: list[tuple[bytes, bytes]] = [(b"Host", target.authority.encode("ascii"))]
     for name, value in headers.items():

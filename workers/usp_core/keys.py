@@ -1,6 +1,6 @@
 """The business's signing keys: generated on first start, rotated without a gap, published as JWKS.
 
-Why it works this way: docs/architecture.md, "Notes by module", ``usp_workers.engine.keys``.
+Why it works this way: docs/architecture.md, "Notes by module", ``usp_core.keys``.
 """
 
 from __future__ import annotations
@@ -12,15 +12,17 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Literal
 
-from sqlmodel import Session, col, select
+import sqlalchemy as sa
+from sqlmodel import Field, Session, SQLModel, col, select
 
+from usp_core.clock import UtcDateTime, utcnow
+from usp_core.settings import CommonSettings
 from usp_receiver import SigningKey
-from usp_workers.settings import CommonSettings
-from usp_workers.storage.models import SigningKeyRecord, utcnow
 
 __all__ = [
     "KeyFacts",
     "KeyState",
+    "SigningKeyRecord",
     "describe_key",
     "describe_keys",
     "ensure_signing_key",
@@ -29,6 +31,22 @@ __all__ = [
     "rotate_or_first",
     "signing_keys",
 ]
+
+
+class SigningKeyRecord(SQLModel, table=True):
+    """A signing key. It is published from ``created_at``, signs from ``signs_from`` until
+    ``retires_at`` (null: until rotated out), and stays published a while after (the JWKS cache)."""
+
+    __tablename__ = "usp_signing_keys"
+
+    kid: str = Field(primary_key=True, max_length=64)
+    alg: str = Field(max_length=32)
+    private_jwk: str = Field(sa_type=sa.Text, repr=False)
+    public_jwk: str = Field(sa_type=sa.Text)
+    created_at: datetime = Field(default_factory=utcnow, sa_type=UtcDateTime)
+    signs_from: datetime = Field(default_factory=utcnow, sa_type=UtcDateTime)
+    retires_at: datetime | None = Field(default=None, sa_type=UtcDateTime)
+
 
 _FILE_REF = "file:"
 

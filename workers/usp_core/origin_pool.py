@@ -530,7 +530,7 @@ class OriginTransport(httpx.AsyncBaseTransport):
     async def request(self, origin: Origin, raw: RawRequest, *, max_body: int) -> RawResponse:
         """Send ``raw`` to ``origin`` (``(scheme, address, port, SNI name or None)``) and read the
         whole response, keeping at most ``max_body`` bytes of its body: the path that
-        :func:`usp_workers.engine.ssrf.send_pinned` takes, without httpx's request and response models."""
+        :func:`usp_core.ssrf.send_pinned` takes, without httpx's request and response models."""
         pool = self._pool(origin)
         connection, status, headers = await pool.open(raw)
         body = bytearray()
@@ -613,7 +613,7 @@ class OriginTransport(httpx.AsyncBaseTransport):
 
 
 class PinnedClient(httpx.AsyncClient):
-    """An ``AsyncClient`` fit for pinned requests (:func:`usp_workers.engine.ssrf.send_pinned`).
+    """An ``AsyncClient`` fit for pinned requests (:func:`usp_core.ssrf.send_pinned`).
 
     Its connections are pooled per origin *including the https name* (an
     :class:`OriginTransport`), so ``send_pinned`` keeps https connections alive through it (with
