@@ -188,7 +188,7 @@ async def test_a_commit_in_another_process_wakes_the_hub_on_postgresql(
     url = prepared.url.render_as_string(hide_password=False)
     code = (
         "from tests.dispatcher.mcp_live.support import emit\n"
-        "from usp_workers.storage import db\n"
+        "from usp_core import db\n"
         f"print(emit(db.make_engine({url!r}), 'booking.created', audience={PROFILE!r}))"
     )
     async with running(hub, prepared, settings, poll_interval=3600):
