@@ -7,19 +7,18 @@ Why it works this way: docs/architecture.md, "Notes by module", ``usp_dispatcher
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
 
 import anyio
 import httpx
 
 from usp_core.settings import CommonSettings
 from usp_core.ssrf import ResolvedTarget, new_client, send_pinned
+from usp_dispatcher.errors import DocumentUnavailable
 
-__all__ = ["Document", "DocumentUnavailable", "Failure", "fetch_document"]
+__all__ = ["Document", "fetch_document"]
 
 #: Why a document could not be had: no answer in time; no answer at all (refused, reset, TLS);
 #: a redirect (never followed); a status other than 200; a compressed body; a body too large.
-Failure = Literal["timeout", "unreachable", "redirect", "status", "compressed", "too_large"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,16 +27,6 @@ class Document:
 
     body: bytes
     headers: httpx.Headers
-
-
-class DocumentUnavailable(Exception):
-    """The document could not be fetched or may not be read; ``failure`` says why."""
-
-    def __init__(self, failure: Failure, *, status_code: int | None = None, cause: str | None = None) -> None:
-        super().__init__(failure if status_code is None else f"{failure} ({status_code})")
-        self.failure: Failure = failure
-        self.status_code = status_code
-        self.cause = cause  #: the transport error's class name, for "unreachable"
 
 
 async def fetch_document(

@@ -14,7 +14,8 @@ from fastapi.responses import RedirectResponse, Response
 from tests.dispatcher.conftest import Serve
 from usp_core.ssrf import check_target
 from usp_dispatcher.cli.config import Settings
-from usp_dispatcher.documents import DocumentUnavailable, fetch_document
+from usp_dispatcher.documents import fetch_document
+from usp_dispatcher.errors import DocumentUnavailable
 
 pytestmark = pytest.mark.anyio
 

@@ -22,7 +22,7 @@ from usp_dispatcher.access.credentials import (
     proof_digest,
     verify_booking_credential,
 )
-from usp_dispatcher.access.errors import FORBIDDEN, INVALID_PARAMS, UNAUTHENTICATED, Access, AccessError
+from usp_dispatcher.access.errors import Access
 from usp_dispatcher.access.identity import BUSINESS, Caller, Identity
 from usp_dispatcher.access.policy import MECHANISMS, AuthorizationPolicy, policy_document
 from usp_dispatcher.access.signatures import (
@@ -30,6 +30,7 @@ from usp_dispatcher.access.signatures import (
     default_directories,
     verify_agent_signature,
 )
+from usp_dispatcher.errors import FORBIDDEN, INVALID_PARAMS, UNAUTHENTICATED, AccessError
 
 __all__ = [
     "BUSINESS",

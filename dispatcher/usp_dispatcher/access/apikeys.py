@@ -17,9 +17,10 @@ from sqlmodel import Session, col, select
 
 from usp_core.clock import utcnow
 from usp_dispatcher.access.bindings import MAX_PROFILE_LENGTH, bind_profile
-from usp_dispatcher.access.errors import AccessError, unauthenticated
+from usp_dispatcher.access.errors import unauthenticated
 from usp_dispatcher.access.identity import BUSINESS, Identity
 from usp_dispatcher.access.tables import ApiKeyRow
+from usp_dispatcher.errors import AccessError
 from usp_dispatcher.settings import ApiSettings
 
 __all__ = [

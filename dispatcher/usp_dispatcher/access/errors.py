@@ -1,4 +1,5 @@
-"""The access classes of the USP MCP tools and the one error every access check raises.
+"""The access classes of the USP MCP tools, and the one error every access check raises
+(:class:`usp_dispatcher.errors.AccessError`), made by code.
 
 A refusal is a protocol error (JSON-RPC ``error``), never a business outcome: the MCP layer turns
 an :class:`AccessError` into ``{"code": code, "message": reason, "data": {"content": detail}}``.
@@ -8,30 +9,10 @@ an :class:`AccessError` into ``{"code": code, "message": reason, "data": {"conte
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Final, Literal
 
-__all__ = [
-    "FORBIDDEN",
-    "INVALID_PARAMS",
-    "UNAUTHENTICATED",
-    "Access",
-    "AccessError",
-    "Reason",
-    "forbidden",
-    "invalid_params",
-    "unauthenticated",
-]
+from usp_dispatcher.errors import FORBIDDEN, INVALID_PARAMS, UNAUTHENTICATED, AccessError
 
-UNAUTHENTICATED: Final = -32001
-FORBIDDEN: Final = -32003
-INVALID_PARAMS: Final = -32602
-
-Reason = Literal["unauthenticated", "forbidden", "invalid_params"]
-_REASONS: Final[dict[int, Reason]] = {
-    UNAUTHENTICATED: "unauthenticated",
-    FORBIDDEN: "forbidden",
-    INVALID_PARAMS: "invalid_params",
-}
+__all__ = ["Access", "forbidden", "invalid_params", "unauthenticated"]
 
 
 class Access(StrEnum):
@@ -50,29 +31,6 @@ class Access(StrEnum):
     def privileged(self) -> bool:
         """The binding's "privileged methods": they need ``_meta.usp.profile`` (MUST 5)."""
         return self in (Access.PRIVILEGED_PLATFORM, Access.PRIVILEGED_SCOPED)
-
-
-class AccessError(Exception):
-    """A call refused for who made it (or for the identity arguments it lacks).
-
-    ``code`` is the JSON-RPC code, ``reason`` its code word (the error ``message``), ``detail``
-    the human text for ``data.content``.
-
-    >>> error = forbidden("the profile differs from the one bound to this principal")
-    >>> error.code, error.reason
-    (-32003, 'forbidden')
-    """
-
-    def __init__(self, code: int, detail: str) -> None:
-        if code not in _REASONS:
-            raise ValueError(f"not an access error code: {code}")
-        super().__init__(detail)
-        self.code: int = code
-        self.reason: Reason = _REASONS[code]
-        self.detail: str = detail
-
-    def __repr__(self) -> str:
-        return f"AccessError({self.code}, {self.detail!r})"
 
 
 def unauthenticated(detail: str) -> AccessError:

@@ -27,19 +27,15 @@ from usp_core.clock import utcnow
 from usp_core.settings import CommonSettings
 from usp_dispatcher.access.signatures import NonceCheck
 from usp_dispatcher.access.tables import NonceRow
+from usp_dispatcher.errors import NonceStoreUnavailable
 
-__all__ = ["NonceStoreUnavailable", "RedisNonces", "database_nonces", "nonces_for", "redis_nonces"]
+__all__ = ["RedisNonces", "database_nonces", "nonces_for", "redis_nonces"]
 
 #: Sweep expired rows after this many inserted nonces.
 _SWEEP_EVERY = 200
 _REDIS_PREFIX = "usp:nonce:"
 _table = NonceRow.__table__  # type: ignore[attr-defined]
 _checks: weakref.WeakKeyDictionary[Engine, dict[str, NonceCheck]] = weakref.WeakKeyDictionary()
-
-
-class NonceStoreUnavailable(Exception):
-    """The nonce store (Redis) does not answer: a signed request can be neither accepted (it may
-    be a replay) nor refused as one; the API answers 503 and the agent retries."""
 
 
 def nonces_for(engine: Engine, settings: CommonSettings) -> NonceCheck:

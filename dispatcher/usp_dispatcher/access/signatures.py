@@ -21,7 +21,8 @@ import httpx
 from usp_core.ssrf import Resolver, TargetRefused, check_target
 from usp_dispatcher.access.errors import unauthenticated
 from usp_dispatcher.access.identity import Identity
-from usp_dispatcher.documents import DocumentUnavailable, fetch_document
+from usp_dispatcher.documents import fetch_document
+from usp_dispatcher.errors import DocumentUnavailable
 from usp_dispatcher.settings import ApiSettings
 from usp_receiver import (
     JWKS,

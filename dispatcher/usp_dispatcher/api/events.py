@@ -12,10 +12,10 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 
-from usp_dispatcher.errors import Conflict
+from usp_dispatcher.errors import Conflict, HTTPProblem
 from usp_dispatcher.web.auth import AdminDep
 from usp_dispatcher.web.deps import SessionDep
-from usp_dispatcher.web.problems import HTTPProblem, validation_summary
+from usp_dispatcher.web.problems import validation_summary
 from usp_dispatcher.webhooks.intake import Intake, Outcome, Status, accept_events
 from usp_schemas import EventValidationError
 

@@ -24,7 +24,7 @@ from usp_dispatcher import access, scheduling
 from usp_dispatcher.access import AccessError
 from usp_dispatcher.access.credentials import MECHANISM, looks_like_booking_credential
 from usp_dispatcher.access.nonces import nonces_for
-from usp_dispatcher.errors import Refused, Unauthenticated
+from usp_dispatcher.errors import HTTPProblem, Refused, Unauthenticated
 from usp_dispatcher.scheduling.content import (
     AvailabilityContent,
     BookingContent,
@@ -34,7 +34,6 @@ from usp_dispatcher.scheduling.content import (
 from usp_dispatcher.scheduling.inputs import BookingIn, CancelIn, RescheduleIn, WaitlistIn
 from usp_dispatcher.scheduling.service import OPERATIONS, Call, UspMeta, read_meta, release
 from usp_dispatcher.text import validation_text
-from usp_dispatcher.web.problems import HTTPProblem
 from usp_schemas import StructuredContent
 
 __all__ = ["BookingIn", "CancelIn", "RescheduleIn", "WaitlistIn", "public_router", "router"]

@@ -17,8 +17,9 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 from sqlmodel import Session, col, select
 
+from usp_dispatcher.errors import HTTPProblem, UcapError
 from usp_dispatcher.ucap.agents import Agent
-from usp_dispatcher.ucap.answers import Answer, UcapError
+from usp_dispatcher.ucap.answers import Answer
 from usp_dispatcher.ucap.catalog import tier_view
 from usp_dispatcher.ucap.publishing import (
     PostIn,
@@ -41,7 +42,7 @@ from usp_dispatcher.ucap.tables import (
 from usp_dispatcher.ucap.tools import UCAP_TOOLS
 from usp_dispatcher.web.auth import AdminDep
 from usp_dispatcher.web.deps import SessionDep, SettingsDep
-from usp_dispatcher.web.problems import HTTPProblem, problem_response
+from usp_dispatcher.web.problems import problem_response
 
 __all__ = ["admin_router", "install_ucap_errors", "router", "service_of"]
 

@@ -101,7 +101,7 @@ def subscriptions(
 def confirm(session_id: Annotated[str, typer.Argument(help="The checkout session id (chk_…).")]) -> None:
     """Complete a checkout session in the configured database, as the provider's webhook would:
     the subscription is activated and the entitlement granted, once."""
-    from usp_dispatcher.ucap.answers import UcapError
+    from usp_dispatcher.errors import UcapError
     from usp_dispatcher.ucap.subscriptions import fulfil
     from usp_workers import handing_off
 

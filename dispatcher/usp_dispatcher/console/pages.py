@@ -29,10 +29,9 @@ from usp_dispatcher.console.web import (
     utc,
 )
 from usp_dispatcher.durations import parse_retry_schedule
-from usp_dispatcher.errors import Conflict, NotFound, Refused
+from usp_dispatcher.errors import Conflict, HTTPProblem, NotFound, Refused
 from usp_dispatcher.settings import ApiSettings
 from usp_dispatcher.web.deps import SessionDep, SettingsDep, get_engine
-from usp_dispatcher.web.problems import HTTPProblem
 from usp_dispatcher.webhooks import feed
 from usp_schemas import OPERATIONAL_EVENT_TYPES
 from usp_workers import (

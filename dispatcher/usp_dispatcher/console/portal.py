@@ -16,7 +16,7 @@ from sqlmodel import Session, col, select
 from usp_dispatcher.console import session as login
 from usp_dispatcher.console.session import Login
 from usp_dispatcher.console.web import UNSETTLED, admin_token, call, redirect, render, session_dependencies
-from usp_dispatcher.errors import DispatcherError
+from usp_dispatcher.errors import Refusal
 from usp_dispatcher.settings import ApiSettings
 from usp_dispatcher.web.deps import ResolverDep, SessionDep, SettingsDep
 from usp_dispatcher.web.problems import status_of
@@ -206,7 +206,7 @@ async def probe_subscription(
         run = await probes.run(
             db, settings, row.url, Transport(row.transport), actor=who, resolver=resolver, subscription=row
         )
-    except DispatcherError as exc:
+    except Refusal as exc:
         status = status_of(exc)
         return await _subscription_page(
             request, db, portal, subscription_id, problem=exc.detail, status_code=status

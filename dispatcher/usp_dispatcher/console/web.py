@@ -16,9 +16,9 @@ from fastapi.templating import Jinja2Templates
 
 from usp_dispatcher.console import session as login
 from usp_dispatcher.console.session import Login
+from usp_dispatcher.errors import HTTPProblem
 from usp_dispatcher.settings import ApiSettings
 from usp_dispatcher.web.deps import SettingsDep
-from usp_dispatcher.web.problems import HTTPProblem
 from usp_workers import FAILURES, DeliveryStatus
 from usp_workers.operations import short_id
 

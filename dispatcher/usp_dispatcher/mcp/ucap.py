@@ -14,9 +14,10 @@ from typing import Any
 import mcp_types as types
 
 from usp_dispatcher.access import Identity
+from usp_dispatcher.errors import UcapError
 from usp_dispatcher.mcp.protocol import MISSING_FIELD, UNAUTHENTICATED, bad_arguments, protocol_error
 from usp_dispatcher.ucap.agents import Agent, agent_of
-from usp_dispatcher.ucap.answers import Answer, UcapError
+from usp_dispatcher.ucap.answers import Answer
 from usp_dispatcher.ucap.service import UcapService
 from usp_dispatcher.ucap.tools import tool_result
 

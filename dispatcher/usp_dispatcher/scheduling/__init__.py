@@ -3,6 +3,7 @@
 Why it works this way: docs/architecture.md, "Notes by module", ``usp_dispatcher.scheduling``.
 """
 
+from usp_dispatcher.errors import InvalidRequest
 from usp_dispatcher.scheduling.bookings import (
     booking_platform,
     cancel_booking,
@@ -24,12 +25,7 @@ from usp_dispatcher.scheduling.catalog import (
 )
 from usp_dispatcher.scheduling.content import Result, structured
 from usp_dispatcher.scheduling.idempotency import Answer, forget_idempotency_keys, perform
-from usp_dispatcher.scheduling.outcomes import (
-    WAITLIST_ENTRY_NOT_FOUND,
-    WAITLIST_LIMIT_REACHED,
-    InvalidRequest,
-    Outcome,
-)
+from usp_dispatcher.scheduling.outcomes import WAITLIST_ENTRY_NOT_FOUND, WAITLIST_LIMIT_REACHED, Outcome
 from usp_dispatcher.scheduling.seed import ensure_demo_catalog, seed_demo_catalog
 from usp_dispatcher.scheduling.waitlist import (
     OFFER_TTL,

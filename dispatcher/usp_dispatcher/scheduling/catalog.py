@@ -15,8 +15,9 @@ from sqlmodel import Session, col, select
 
 from usp_core.clock import utcnow
 from usp_core.ids import new_id
+from usp_dispatcher.errors import InvalidRequest
 from usp_dispatcher.scheduling.events import emit_availability_changed, emit_service_event
-from usp_dispatcher.scheduling.outcomes import InvalidRequest, Outcome, service_not_found
+from usp_dispatcher.scheduling.outcomes import Outcome, service_not_found
 from usp_dispatcher.scheduling.tables import ServiceRow, SlotRow
 from usp_dispatcher.scheduling.views import service_view, slot_view, zone
 from usp_schemas import Money, Service, ServiceCreated, Slot

@@ -15,8 +15,9 @@ from typing import Any
 import sqlalchemy as sa
 from sqlmodel import Session, col
 
+from usp_dispatcher.errors import InvalidRequest
 from usp_dispatcher.scheduling.content import Result, structured
-from usp_dispatcher.scheduling.outcomes import InvalidRequest, Outcome, idempotency_conflict
+from usp_dispatcher.scheduling.outcomes import Outcome, idempotency_conflict
 from usp_dispatcher.scheduling.tables import IdempotencyRecord
 
 __all__ = ["MAX_KEY_LENGTH", "Answer", "forget_idempotency_keys", "perform", "request_hash"]

@@ -24,7 +24,6 @@ __all__ = [
     "SUBSCRIPTION_NOT_FOUND",
     "WAITLIST_ENTRY_NOT_FOUND",
     "WAITLIST_LIMIT_REACHED",
-    "InvalidRequest",
     "Outcome",
     "booking_not_found",
     "idempotency_conflict",
@@ -63,11 +62,6 @@ class Outcome:
     def code(self) -> str:
         """The first message's code (there is one message per refusal today)."""
         return self.messages[0].code
-
-
-class InvalidRequest(ValueError):
-    """Malformed input a schema cannot express (an end date before the start date): the caller's
-    mistake, not a business outcome. REST answers 422, MCP ``invalid_params``."""
 
 
 def slot_unavailable(slot_id: str, *, why: str = "is no longer available") -> Outcome:

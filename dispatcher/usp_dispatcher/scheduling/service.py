@@ -23,12 +23,11 @@ from usp_core import db
 from usp_core.ssrf import Resolver
 from usp_dispatcher import access
 from usp_dispatcher.access import Access, Caller
-from usp_dispatcher.errors import NotFound, Refused, Unauthenticated
+from usp_dispatcher.errors import InvalidRequest, NotFound, Refused, Unauthenticated
 from usp_dispatcher.scheduling import bookings, catalog, idempotency, waitlist
 from usp_dispatcher.scheduling.content import Result, structured
 from usp_dispatcher.scheduling.inputs import BookingIn, CancelIn, RescheduleIn, WaitlistIn
 from usp_dispatcher.scheduling.outcomes import (
-    InvalidRequest,
     booking_not_found,
     subscription_limit_reached,
     subscription_not_found,

@@ -17,8 +17,9 @@ from typing import Final
 from usp_core.ssrf import Resolver
 from usp_dispatcher.access import AccessError, Identity, verify_agent_signature
 from usp_dispatcher.access.signatures import DirectoryCache, NonceCheck
+from usp_dispatcher.errors import UcapError
 from usp_dispatcher.settings import ApiSettings
-from usp_dispatcher.ucap.answers import UcapError, unauthorized
+from usp_dispatcher.ucap.answers import unauthorized
 from usp_dispatcher.ucap.tables import agent_id
 
 __all__ = ["Agent", "RateLimiter", "agent_of", "authenticate_agent"]

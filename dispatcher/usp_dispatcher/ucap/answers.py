@@ -8,11 +8,12 @@ they are RFC 9457 problems whose ``reason`` is the code, carrying UCAP's own ``e
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["Answer", "UcapError", "invalid", "not_found", "unauthorized"]
+from usp_dispatcher.errors import UcapError
+
+__all__ = ["Answer", "invalid", "not_found", "unauthorized"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -22,20 +23,6 @@ class Answer:
     body: dict[str, Any]
     status: int = 200
     headers: dict[str, str] = field(default_factory=dict)
-
-
-class UcapError(Exception):
-    """A refusal: ``code`` is UCAP's error code, ``status`` its HTTP status, ``detail`` safe to show
-    (never the rejected input)."""
-
-    def __init__(
-        self, status: int, code: str, detail: str, *, headers: Mapping[str, str] | None = None
-    ) -> None:
-        super().__init__(detail)
-        self.status = status
-        self.code = code
-        self.detail = detail
-        self.headers = dict(headers or {})
 
 
 def invalid(detail: str) -> UcapError:

@@ -22,12 +22,12 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
+from usp_dispatcher.errors import PaymentRefused
 from usp_dispatcher.ucap.settings import UcapSettings
 from usp_dispatcher.ucap.tables import PublicationRow, SubscriptionRow, TierRow
 from usp_dispatcher.ucap.x402 import (
     PAYMENT_REQUIRED,
     Payment,
-    PaymentRefused,
     as_v1,
     caip2,
     check_exact,

@@ -22,9 +22,10 @@ from usp_core import db
 from usp_core.clock import utcnow
 from usp_core.ssrf import Resolver
 from usp_dispatcher.access.nonces import nonces_for
+from usp_dispatcher.errors import PaymentRefused, UcapError
 from usp_dispatcher.settings import ApiSettings
 from usp_dispatcher.ucap.agents import Agent, RateLimiter, authenticate_agent
-from usp_dispatcher.ucap.answers import Answer, UcapError
+from usp_dispatcher.ucap.answers import Answer
 from usp_dispatcher.ucap.catalog import (
     LookupIn,
     SearchIn,
@@ -60,7 +61,6 @@ from usp_dispatcher.ucap.x402 import (
     PAYMENT_RESPONSE,
     V1_PAYMENT_RESPONSE,
     Payment,
-    PaymentRefused,
     carries_payment,
     encode,
     payment_from_headers,

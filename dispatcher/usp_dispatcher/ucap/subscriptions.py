@@ -21,8 +21,9 @@ from pydantic import BaseModel, ConfigDict, Field
 from sqlmodel import Session, col, select
 
 from usp_core.clock import utcnow
+from usp_dispatcher.errors import UcapError
 from usp_dispatcher.ucap.agents import Agent
-from usp_dispatcher.ucap.answers import Answer, UcapError, invalid, not_found
+from usp_dispatcher.ucap.answers import Answer, invalid, not_found
 from usp_dispatcher.ucap.catalog import tier_view
 from usp_dispatcher.ucap.events import emit_entitlement_event, emit_subscription_event
 from usp_dispatcher.ucap.payments import OpenedCheckout, PaymentRefused, StoredOffer, open_checkout

@@ -18,6 +18,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
+from usp_dispatcher.errors import PaymentRefused
+
 __all__ = [
     "NETWORK_NAMES",
     "PAYMENT_REQUIRED",
@@ -26,7 +28,6 @@ __all__ = [
     "V1_PAYMENT",
     "V1_PAYMENT_RESPONSE",
     "Payment",
-    "PaymentRefused",
     "as_v1",
     "caip2",
     "carries_payment",
@@ -79,15 +80,6 @@ _TYPES: Final = {
         {"name": "nonce", "type": "bytes32"},
     ],
 }
-
-
-class PaymentRefused(Exception):
-    """A payment that does not pay: ``reason`` is x402's code (``invalid_exact_evm_payload_…``)."""
-
-    def __init__(self, reason: str, detail: str) -> None:
-        super().__init__(detail)
-        self.reason = reason
-        self.detail = detail
 
 
 def caip2(network: str) -> str:

@@ -13,8 +13,8 @@ from typing import Annotated
 from fastapi import Depends
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
+from usp_dispatcher.errors import HTTPProblem
 from usp_dispatcher.web.deps import SettingsDep
-from usp_dispatcher.web.problems import HTTPProblem
 
 __all__ = ["AdminDep", "require_admin"]
 

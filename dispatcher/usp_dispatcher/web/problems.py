@@ -16,15 +16,21 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from usp_dispatcher.access.nonces import NonceStoreUnavailable
-from usp_dispatcher.errors import Conflict, DispatcherError, NotFound, Refused, TooSoon
+from usp_dispatcher.errors import (
+    Conflict,
+    HTTPProblem,
+    NonceStoreUnavailable,
+    NotFound,
+    Refusal,
+    Refused,
+    TooSoon,
+)
 from usp_receiver import problem_outcome
 from usp_workers import Outage, database_unavailable, describe_outage
 
 __all__ = [
     "PROBLEM_MEDIA_TYPE",
     "CatchAllProblems",
-    "HTTPProblem",
     "install_problem_handlers",
     "problem_response",
     "validation_summary",
@@ -34,8 +40,8 @@ logger = logging.getLogger("usp_dispatcher")
 
 PROBLEM_MEDIA_TYPE = "application/problem+json"
 
-_STATUS_OF: dict[type[DispatcherError], int] = {NotFound: 404, Conflict: 409, Refused: 422, TooSoon: 429}
-_TITLE_OF: dict[type[DispatcherError], str] = {
+_STATUS_OF: dict[type[Refusal], int] = {NotFound: 404, Conflict: 409, Refused: 422, TooSoon: 429}
+_TITLE_OF: dict[type[Refusal], str] = {
     NotFound: "Not found",
     Conflict: "Conflict",
     Refused: "Request refused",
@@ -51,28 +57,6 @@ _HTTP_REASONS = {
     413: "payload_too_large",
     415: "unsupported_media_type",
 }
-
-
-class HTTPProblem(Exception):
-    """Raise from a route or dependency to answer with a problem (e.g. 401 from the admin check)."""
-
-    def __init__(
-        self,
-        status: int,
-        reason: str,
-        title: str,
-        detail: str,
-        *,
-        headers: Mapping[str, str] | None = None,
-        extra: Mapping[str, Any] | None = None,
-    ) -> None:
-        super().__init__(detail)
-        self.status = status
-        self.reason = reason
-        self.title = title
-        self.detail = detail
-        self.headers = dict(headers or {})
-        self.extra = dict(extra or {})
 
 
 def problem_response(
@@ -104,7 +88,7 @@ def validation_summary(errors: Sequence[Mapping[str, Any]], *, limit: int = 5) -
 def install_problem_handlers(app: FastAPI) -> None:
     """Make every error ``app`` can answer an RFC 9457 problem."""
     app.add_exception_handler(HTTPProblem, _on_http_problem)  # type: ignore[arg-type]
-    app.add_exception_handler(DispatcherError, _on_dispatcher_error)  # type: ignore[arg-type]
+    app.add_exception_handler(Refusal, _on_refusal)  # type: ignore[arg-type]
     app.add_exception_handler(RequestValidationError, _on_request_validation)  # type: ignore[arg-type]
     app.add_exception_handler(StarletteHTTPException, _on_http_exception)  # type: ignore[arg-type]
     app.add_middleware(CatchAllProblems)
@@ -116,7 +100,7 @@ async def _on_http_problem(_request: Request, exc: HTTPProblem) -> JSONResponse:
     )
 
 
-async def _on_dispatcher_error(_request: Request, exc: DispatcherError) -> JSONResponse:
+async def _on_refusal(_request: Request, exc: Refusal) -> JSONResponse:
     kind = _kind_of(exc)
     headers = {"Retry-After": str(exc.retry_after)} if isinstance(exc, TooSoon) else None
     return problem_response(
@@ -124,13 +108,13 @@ async def _on_dispatcher_error(_request: Request, exc: DispatcherError) -> JSONR
     )
 
 
-def status_of(exc: DispatcherError) -> int:
+def status_of(exc: Refusal) -> int:
     """The HTTP status a service refusal answers with (what the problem handler sends), for a
     surface that renders it itself (the console's pages)."""
     return _STATUS_OF[_kind_of(exc)]
 
 
-def _kind_of(exc: DispatcherError) -> type[DispatcherError]:
+def _kind_of(exc: Refusal) -> type[Refusal]:
     return next((k for k in _STATUS_OF if isinstance(exc, k)), Refused)
 
 

@@ -12,8 +12,8 @@ from typing import Any, Final
 from sqlmodel import Session
 
 from usp_core.ssrf import ResolvedTarget, Resolver
-from usp_dispatcher.documents import DocumentUnavailable, fetch_document
-from usp_dispatcher.errors import Refused
+from usp_dispatcher.documents import fetch_document
+from usp_dispatcher.errors import DocumentUnavailable, Refused
 from usp_dispatcher.settings import ApiSettings
 from usp_dispatcher.webhooks.feed import SubscriptionSpec, check_url, upsert_profile_subscription
 from usp_workers import Subscription, Transport

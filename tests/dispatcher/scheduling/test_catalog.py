@@ -21,10 +21,10 @@ from tests.dispatcher.scheduling.support import (
     refused,
 )
 from usp_core import db
+from usp_dispatcher.errors import InvalidRequest
 from usp_dispatcher.scheduling import (
     MAX_AVAILABILITY_DAYS,
     Availability,
-    InvalidRequest,
     ServiceSpec,
     add_slot,
     create_service,

@@ -19,8 +19,8 @@ from tests.dispatcher.conftest import MakeClient
 from tests.dispatcher.ucap.conftest import Agent as SignedAgent
 from tests.dispatcher.ucap.conftest import Registry, signed
 from usp_dispatcher.access.signatures import web_bot_auth_headers
+from usp_dispatcher.errors import UcapError
 from usp_dispatcher.ucap.agents import Agent, RateLimiter
-from usp_dispatcher.ucap.answers import UcapError
 from usp_dispatcher.ucap.seed import DEMO_PAID_POST, DEMO_PUBLICATION
 from usp_receiver import SigningKey, jwk_thumbprint
 

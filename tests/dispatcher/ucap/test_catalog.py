@@ -15,8 +15,8 @@ from sqlalchemy.engine import Engine
 from tests.dispatcher.ucap.conftest import Agent, signed
 from usp_core import db
 from usp_core.clock import utcnow
+from usp_dispatcher.errors import UcapError
 from usp_dispatcher.ucap import search as search_module
-from usp_dispatcher.ucap.answers import UcapError
 from usp_dispatcher.ucap.catalog import find_post
 from usp_dispatcher.ucap.publishing import PostIn, PublicationIn, TierIn, add_post, add_publication
 from usp_dispatcher.ucap.search import CANDIDATES, SearchQuery, index_document

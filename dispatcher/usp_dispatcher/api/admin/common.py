@@ -11,7 +11,7 @@ from fastapi import Query
 from fastapi.concurrency import run_in_threadpool
 
 from usp_dispatcher.api.admin.models import JobOut, ProblemOut
-from usp_dispatcher.web.problems import HTTPProblem
+from usp_dispatcher.errors import HTTPProblem
 from usp_workers import operations, tasks
 
 __all__ = ["Cursor", "Limit", "Since", "Until", "problems", "run", "started"]

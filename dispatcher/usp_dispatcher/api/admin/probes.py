@@ -11,8 +11,8 @@ from pydantic import BaseModel, Field
 from sqlmodel import col, select
 
 from usp_dispatcher.api.admin.common import Limit, problems
+from usp_dispatcher.errors import HTTPProblem
 from usp_dispatcher.web.deps import ResolverDep, SessionDep, SettingsDep
-from usp_dispatcher.web.problems import HTTPProblem
 from usp_dispatcher.webhooks import probes
 from usp_workers import ProbeRun, Subscription, Transport
 
