@@ -1,6 +1,6 @@
 """The content server's own settings (``USP_*`` environment, like the engine's), kept apart from
-:mod:`usp_workers.settings` because the delivery engine has no business knowing about
-payment providers."""
+:mod:`usp_dispatcher.settings` (the API's) and the engine's, because the delivery engine has no
+business knowing about payment providers."""
 
 from __future__ import annotations
 

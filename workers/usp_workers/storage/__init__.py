@@ -1,2 +1,2 @@
-"""The engine's tables, engines and sessions, its migrations, and retention. Imports nothing of
-``usp_workers`` but settings."""
+"""The engine's tables, its migrations, and retention. Imports nothing of ``usp_workers`` but
+settings."""

@@ -1,4 +1,4 @@
-"""The delivery engine's tables: events, subscriptions, deliveries, attempts, signing keys.
+"""The delivery engine's tables: events, subscriptions, deliveries, attempts, jobs, notices.
 
 The database is the source of truth for delivery state; the broker only carries wake-ups. A
 delivery's schedule lives in ``next_attempt_at`` (not in broker ETA messages), its ownership in
