@@ -52,8 +52,9 @@ INVALID_ARGUMENTS: Final = "invalid_arguments"
 
 
 class UspMeta(BaseModel):
-    """``arguments._meta.usp`` as the tools read it (``access.authorize`` reads ``profile`` and
-    ``authorization`` itself). Unknown members are allowed: the binding may grow."""
+    """``arguments._meta.usp`` as the operations read it (REST carries it in headers;
+    ``access.authorize`` reads ``profile`` and ``authorization`` itself). Unknown members are
+    allowed: the binding may grow."""
 
     model_config = ConfigDict(extra="allow")
 
@@ -556,7 +557,7 @@ def _visible_subscriptions(caller: Caller) -> str | feed.AnyProfile:
     """Whose subscriptions the caller may list: the business everyone's, a platform its profile's."""
     if caller.is_business:
         return feed.ANY_PROFILE
-    if caller.profile is None:  # authorize() requires one on these tools; never "the business's"
+    if caller.profile is None:  # authorize() requires one on these operations; never "the business's"
         raise Refused(INVALID_ARGUMENTS, "_meta.usp.profile is required")
     return caller.profile
 
