@@ -323,7 +323,7 @@ def _authorized(operation: str) -> Any:
                     session=session,
                 )
             except AccessError as exc:
-                raise _problem(exc, presented=True) from None
+                raise _problem(exc.reason, exc.detail, presented=True) from None
             arguments = {**request.path_params, "_meta": {"usp": _usp_meta(request)}}
             try:
                 meta = read_meta(arguments)
@@ -345,7 +345,7 @@ def _authorized(operation: str) -> Any:
             try:
                 caller = await anyio.to_thread.run_sync(authorize)
             except AccessError as exc:
-                raise _problem(exc, presented=False) from None
+                raise _problem(exc.reason, exc.detail) from None
             yield _Authorized(caller, meta, session)
         finally:
             await release(session)
@@ -379,11 +379,9 @@ async def _serve(
     except ValidationError as exc:
         raise HTTPProblem(422, "invalid_request", "Invalid request", validation_text(exc)) from None
     except Refused as exc:
-        raise HTTPProblem(422, "invalid_request", "Invalid request", _rest_words(exc.detail)) from None
+        raise _problem("invalid_params", exc.detail) from None
     except Unauthenticated as exc:
-        raise HTTPProblem(
-            401, "unauthenticated", "Unauthorized", exc.detail, headers={"WWW-Authenticate": _CHALLENGE}
-        ) from None
+        raise _problem("unauthenticated", exc.detail) from None
     status = 201 if created and not answer.get("messages") else 200
     headers = {"Idempotent-Replayed": "true"} if call.replayed and call.replayed[-1] else None
     return JSONResponse(answer, status_code=status, headers=headers)
@@ -434,9 +432,12 @@ def _rest_words(text: str) -> str:
     )
 
 
-def _problem(exc: AccessError, *, presented: bool) -> HTTPProblem:
-    detail = _rest_words(exc.detail)
-    if exc.reason == "unauthenticated":
+def _problem(reason: str, detail: str, *, presented: bool = False) -> HTTPProblem:
+    """A refusal in REST's words: ``reason`` is an access check's (``unauthenticated``,
+    ``forbidden``, ``invalid_params``), which is also what an operation's ``Unauthenticated`` and
+    ``Refused`` stand for; ``presented``: the caller sent a credential that does not hold."""
+    detail = _rest_words(detail)
+    if reason == "unauthenticated":
         if presented:
             challenge = _CHALLENGE + ', error="invalid_token"'
             return HTTPProblem(
@@ -445,6 +446,6 @@ def _problem(exc: AccessError, *, presented: bool) -> HTTPProblem:
         return HTTPProblem(
             401, "unauthenticated", "Unauthorized", detail, headers={"WWW-Authenticate": _CHALLENGE}
         )
-    if exc.reason == "forbidden":
+    if reason == "forbidden":
         return HTTPProblem(403, "forbidden", "Forbidden", detail)
     return HTTPProblem(422, "invalid_request", "Invalid request", detail)
