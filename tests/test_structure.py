@@ -3,7 +3,9 @@ loads each name on first use, and a UCAP content read needs nothing of the engin
 
 from __future__ import annotations
 
+import ast
 import importlib
+import inspect
 import subprocess
 import sys
 
@@ -30,6 +32,24 @@ def test_the_front_door_names_every_export_and_each_is_what_its_module_holds() -
         loaded = importlib.import_module(module)
         expected = loaded if attribute is None else getattr(loaded, attribute)
         assert getattr(usp_workers, name) is expected, name
+
+
+def test_what_type_checkers_see_is_what_the_door_loads() -> None:
+    """The ``TYPE_CHECKING`` imports (for mypy) name the same objects, from the same modules, as
+    the table ``__getattr__`` loads from: the two lists cannot drift apart."""
+    seen: dict[str, tuple[str, str | None]] = {}
+    for node in ast.walk(ast.parse(inspect.getsource(usp_workers))):
+        if isinstance(node, ast.If) and ast.unparse(node.test) == "TYPE_CHECKING":
+            for statement in node.body:
+                assert isinstance(statement, ast.ImportFrom)
+                assert statement.module is not None
+                for alias in statement.names:
+                    value = getattr(importlib.import_module(statement.module), alias.name)
+                    where = (
+                        (value.__name__, None) if inspect.ismodule(value) else (statement.module, alias.name)
+                    )
+                    seen[alias.asname or alias.name] = where
+    assert seen == usp_workers._EXPORTS
 
 
 def test_a_name_it_does_not_export_is_an_attribute_error() -> None:

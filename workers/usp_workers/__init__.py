@@ -13,7 +13,7 @@ from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from usp_workers.engine import custom_headers, endpoint_auth, tracing
+    from usp_workers.engine import custom_headers, tracing
     from usp_workers.engine.brokers import check_broker, is_broker_url
     from usp_workers.engine.custom_headers import CustomHeaders, HeaderError, check_headers
     from usp_workers.engine.custom_headers import masked as masked_headers
@@ -105,7 +105,6 @@ __all__ = [
     "database_unavailable",
     "describe_outage",
     "emit",
-    "endpoint_auth",
     "endpoint_probe",
     "event_matches",
     "freeze_startup_heap",
@@ -174,7 +173,6 @@ _EXPORTS: dict[str, tuple[str, str | None]] = {
     },
     "masked_headers": ("usp_workers.engine.custom_headers", "masked"),
     "store_headers": ("usp_workers.engine.custom_headers", "store"),
-    "endpoint_auth": ("usp_workers.engine.endpoint_auth", None),
     **{
         name: ("usp_workers.engine.endpoint_auth", name)
         for name in ("AuthError", "EndpointAuth", "OAuth2ClientCredentials", "check_auth")
