@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import re
+from functools import cache
 from pathlib import Path
 
 import pytest
@@ -47,6 +48,7 @@ _TOKEN = re.compile(r"(?<![\w/.:-])([\w.-]+(?:/[\w.-]+)+/?|[\w-]+\.py)(?![\w/-])
 _EXTENSION = re.compile(r"\.(py|md|toml|ya?ml|json|mjs|ts|sh|html|css|js|lock)$")
 
 
+@cache
 def _tree() -> tuple[set[str], set[str]]:
     """The repository's files and folders, as paths relative to its root."""
     files: set[str] = set()
